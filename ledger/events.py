@@ -1,0 +1,221 @@
+"""The event vocabulary: a msgspec tagged union with explicit, stable dotted tags.
+
+Schema evolution: new fields only, always with defaults; a field's type never changes. The stored
+payload is the canonical JSON of the event body (`encode_event`); it is exactly what is hashed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+__all__ = (
+    "BlobRedacted",
+    "CallFailed",
+    "CallFinished",
+    "CallImported",
+    "CallRetagged",
+    "CallStarted",
+    "Event",
+    "FailureReason",
+    "NewEvent",
+    "ProjectionPromoted",
+    "RunAnnotated",
+    "Sampling",
+    "Timings",
+    "Usage",
+    "UsageSource",
+    "decode_event",
+    "encode_event",
+    "event_type",
+    "new_event",
+    "utc_now",
+)
+
+UsageSource = Literal["reported", "injected", "absent"]
+FailureReason = Literal[
+    "upstream_unreachable",
+    "upstream_timeout",
+    "upstream_reset",
+    "upstream_error_in_stream",
+    "client_disconnected",
+    "gateway_error",
+]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Sampling(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Sampling parameters as the client sent them (None = not sent)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    n: int | None = None
+    enable_thinking: bool | None = None
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    cached_tokens: int | None = None
+
+
+class Timings(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Moments of a call (UTC). `None` when the moment did not happen (e.g. no token)."""
+
+    received: datetime
+    upstream_headers: datetime | None = None
+    first_token: datetime | None = None
+    last_token: datetime | None = None
+    finished: datetime | None = None
+
+
+class CallStarted(msgspec.Struct, frozen=True, kw_only=True, tag="call.started"):
+    call_id: str
+    received_at: datetime
+    method: str
+    path: str
+    query: str = ""
+    run: str | None = None
+    tags: dict[str, str] = {}
+    request_headers: list[tuple[str, str]] = []
+    request_blob: str | None = None
+    request_bytes: int = 0
+    model: str | None = None
+    stream: bool = False
+    sampling: Sampling = Sampling()
+    upstream: str = ""
+
+
+class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished"):
+    call_id: str
+    status: int
+    upstream_request_id: str | None = None
+    response_headers: list[tuple[str, str]] = []
+    response_blob: str | None = None
+    response_bytes: int = 0
+    usage: Usage | None = None
+    usage_source: UsageSource = "absent"
+    finish_reasons: list[str] = []
+    chunk_count: int = 0
+    timings: Timings
+    vllm_metrics: dict[str, float] | None = None
+
+
+class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
+    call_id: str
+    phase: Literal["connect", "headers", "body", "stream", "gateway"]
+    reason: FailureReason
+    detail: str = ""
+    client_status: int | None = None
+    client_bytes: int = 0
+    response_blob: str | None = None
+    usage: Usage | None = None
+    usage_source: UsageSource = "absent"
+    chunk_count: int = 0
+    timings: Timings
+
+
+class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported"):
+    call_id: str
+    source: str
+    line: int
+    started_at: datetime
+    finished_at: datetime
+    input_tokens: int
+    output_tokens: int
+    run: str | None = None
+    tags: dict[str, str] = {}
+    model: str | None = None
+    ttft_s: float | None = None
+    status: Literal["ok", "error"] = "ok"
+
+
+class CallRetagged(msgspec.Struct, frozen=True, kw_only=True, tag="call.retagged"):
+    call_id: str
+    reason: str
+    run: str | None = None
+    tags: dict[str, str] = {}
+    removed_tags: list[str] = []
+
+
+class RunAnnotated(msgspec.Struct, frozen=True, kw_only=True, tag="run.annotated"):
+    labels: dict[str, str]
+    run: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+class ProjectionPromoted(msgspec.Struct, frozen=True, kw_only=True, tag="projection.promoted"):
+    name: str
+    version: int
+    formula: str
+    head_position: int
+    digest: str
+
+
+class BlobRedacted(msgspec.Struct, frozen=True, kw_only=True, tag="blob.redacted"):
+    blob_hash: str
+    reason: str
+
+
+Event = (
+    CallStarted
+    | CallFinished
+    | CallFailed
+    | CallImported
+    | CallRetagged
+    | RunAnnotated
+    | ProjectionPromoted
+    | BlobRedacted
+)
+
+
+class NewEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """An event about to be appended: identity, stream, time and body."""
+
+    event_id: uuid.UUID
+    stream: str
+    occurred_at: datetime
+    body: Event
+
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+_decoder: msgspec.json.Decoder[Event] = msgspec.json.Decoder(Event, strict=True)
+
+
+def encode_event(body: Event) -> bytes:
+    """The canonical payload bytes of an event body (sorted keys, tag first as `type`)."""
+    return _encoder.encode(body)
+
+
+def decode_event(payload: bytes | str) -> Event:
+    return _decoder.decode(payload)
+
+
+def event_type(body: Event) -> str:
+    tag = body.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def new_event(
+    body: Event, *, stream: str, occurred_at: datetime | None = None, event_id: uuid.UUID | None = None
+) -> NewEvent:
+    """Wrap a body for appending; ids are random unless derived (imports derive theirs from content)."""
+    return NewEvent(
+        event_id=event_id or uuid.uuid4(),
+        stream=stream,
+        occurred_at=occurred_at or utc_now(),
+        body=body,
+    )

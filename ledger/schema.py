@@ -1,0 +1,96 @@
+"""The ledger's tables, on one `MetaData` with a constraint naming convention.
+
+Alembic owns the schema (`migrations/`); the application never calls `create_all`. A test checks
+that these definitions and the migrations do not drift.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    Uuid,
+)
+
+__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite stores no offset, so re-attach UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the ledger; pass a timezone-aware datetime")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+events = Table(
+    "ledger_events",
+    metadata,
+    Column("position", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=False),
+    Column("event_id", Uuid(), nullable=False, unique=True),
+    Column("type", String(64), nullable=False),
+    Column("stream", String(255), nullable=False),
+    Column("occurred_at", UTCDateTime(), nullable=False),
+    Column("recorded_at", UTCDateTime(), nullable=False),
+    Column("payload", Text(), nullable=False),
+    Column("hash", String(64), nullable=False),
+    Index(None, "stream"),
+    Index(None, "type"),
+)
+
+blobs = Table(
+    "ledger_blobs",
+    metadata,
+    Column("hash", String(64), primary_key=True),
+    Column("size", BigInteger(), nullable=False),
+    Column("codec", String(16), nullable=False),
+    Column("stored_size", BigInteger(), nullable=False),
+    Column("content", LargeBinary(), nullable=True),
+    Column("created_at", UTCDateTime(), nullable=False),
+    Column("redacted_at", UTCDateTime(), nullable=True),
+)
+
+checkpoints = Table(
+    "ledger_checkpoints",
+    metadata,
+    Column("projection", String(100), primary_key=True),
+    Column("version", Integer(), primary_key=True),
+    Column("position", BigInteger(), nullable=False),
+    Column("updated_at", UTCDateTime(), nullable=False),
+)

@@ -1,0 +1,86 @@
+"""Shared fixtures: a fresh, migrated ledger database on each backend.
+
+`backend_url` / `database` are parametrised over SQLite and PostgreSQL. PostgreSQL comes from
+`TEST_PG_URL` (a server where the user may CREATE DATABASE); each test gets its own database,
+dropped afterwards. Without `TEST_PG_URL` the PostgreSQL cases skip — unless
+`LEDGER_TEST_REQUIRE_PG=1` (set by CI), where they fail instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from ledger.db import Database, open_database
+from ledger.migrate import upgrade_database
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _pg_admin_url() -> str | None:
+    url = os.environ.get("TEST_PG_URL")
+    if url:
+        return url
+    if os.environ.get("LEDGER_TEST_REQUIRE_PG") == "1":
+        pytest.fail("TEST_PG_URL is not set but LEDGER_TEST_REQUIRE_PG=1: PostgreSQL tests must run")
+    pytest.skip("PostgreSQL tests need TEST_PG_URL (e.g. postgresql://postgres@127.0.0.1:5432/test)")
+    return None  # pragma: no cover
+
+
+async def _pg_admin(sql: str, admin_url: str) -> None:
+    import asyncpg
+
+    parsed = make_url(admin_url)
+    try:
+        conn = await asyncpg.connect(
+            host=parsed.host or "127.0.0.1",
+            port=parsed.port or 5432,
+            user=parsed.username or "postgres",
+            password=parsed.password,
+            database=parsed.database or "postgres",
+        )
+    except OSError as exc:  # the server is down: fail loudly, never skip
+        pytest.fail(f"PostgreSQL at {admin_url} is unreachable: {exc}")
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def fresh_pg_url() -> Iterator[str]:
+    """A new, empty PostgreSQL database for this test (dropped afterwards)."""
+    admin_url = _pg_admin_url()
+    assert admin_url is not None
+    name = f"ledger_t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_pg_admin(f'CREATE DATABASE "{name}"', admin_url))
+    try:
+        yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)', admin_url))
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty (not yet migrated) database URL on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'ledger.db'}"
+    url: str = request.getfixturevalue("fresh_pg_url")
+    return url
+
+
+@pytest.fixture
+async def database(backend_url: str) -> AsyncIterator[Database]:
+    """A migrated ledger database on each backend."""
+    db = open_database(backend_url, null_pool=True)
+    await upgrade_database(db)
+    try:
+        yield db
+    finally:
+        await db.dispose()

@@ -1,0 +1,1 @@
+"""The composition root: the only package that knows every other one."""
