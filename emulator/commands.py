@@ -1,11 +1,90 @@
-"""`ledger` subcommands contributed by the emulator package."""
+"""`ledger` subcommands contributed by the emulator package: `ledger emulate`."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
+from typing import Any
 
-__all__ = ("register",)
+from emulator.config import PROFILES, EmulatorConfig, profile_config
+from emulator.faults import FaultError, parse_faults
+
+__all__ = ("add_arguments", "build_config", "main", "register")
+
+_OVERRIDES: tuple[tuple[str, type, str], ...] = (
+    ("max_model_len", int, "context length (tokens)"),
+    ("max_num_seqs", int, "most sequences running at once"),
+    ("max_num_batched_tokens", int, "token budget per engine step"),
+    ("step_base_s", float, "step time: fixed part (emulated s)"),
+    ("step_per_seq_s", float, "step time per decoding sequence"),
+    ("step_per_ctx_token_s", float, "step time per context token of decoding sequences"),
+    ("prefill_per_token_s", float, "step time per prefilled prompt token"),
+    ("spec_tokens", int, "speculative draft tokens per step (0 = off)"),
+    ("acceptance_rate", float, "accepted / drafted tokens"),
+    ("mean_output_tokens", int, "mean natural completion length"),
+    ("output_spread", float, "natural length = mean * (1 +- spread), uniform"),
+    ("seed", int, "seed of the acceptance draws"),
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this package's subcommands to the `ledger` parser."""
+    p = sub.add_parser("emulate", help="run the vLLM emulator (OpenAI wire format, continuous-batching timing)")
+    add_arguments(p)
+    p.set_defaults(func=_run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8200)
+    p.add_argument("--profile", choices=sorted(PROFILES), default="moe")
+    p.add_argument("--speed", type=float, default=1.0, help="emulated clock runs X times faster than real time")
+    p.add_argument("--model", default=None, help="served model name (default: the profile's)")
+    p.add_argument("--fault", action="append", default=[], help="fault applied to every request (see docs)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true", help="usage.prompt_tokens_details")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    for name, kind, help_text in _OVERRIDES:
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
+
+
+def build_config(args: argparse.Namespace) -> EmulatorConfig:
+    overrides: dict[str, Any] = {
+        name: getattr(args, name) for name, _, _ in _OVERRIDES if getattr(args, name) is not None
+    }
+    if args.model:
+        overrides["model"] = args.model
+    parse_faults(args.fault)
+    return profile_config(
+        args.profile,
+        speed=args.speed,
+        faults=tuple(args.fault),
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        **overrides,
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from emulator.server import serve
+
+    try:
+        config = build_config(args)
+    except (ValueError, FaultError) as exc:
+        print(f"ledger emulate: {exc}", file=sys.stderr)
+        return 2
+    try:
+        import uvloop
+
+        uvloop.run(serve(config, args.host, args.port, args.log_level))
+    except ImportError:  # pragma: no cover - uvloop missing (Windows)
+        asyncio.run(serve(config, args.host, args.port, args.log_level))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m emulator`: the same options as `ledger emulate`."""
+    parser = argparse.ArgumentParser(prog="python -m emulator", description="vLLM emulator")
+    add_arguments(parser)
+    return _run(parser.parse_args(argv))

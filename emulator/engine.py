@@ -9,6 +9,7 @@ than skipping: every timing the emulator reports stays consistent with the step-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 
@@ -76,10 +77,8 @@ class Engine:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
     def submit(self, seq: Sequence) -> None:
         self.scheduler.add(seq)

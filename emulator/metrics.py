@@ -20,7 +20,7 @@ ITL_BUCKETS = (
 
 
 class Histogram:
-    __slots__ = ("bounds", "counts", "total", "n")
+    __slots__ = ("bounds", "counts", "n", "total")
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
@@ -92,9 +92,7 @@ class Metrics:
             out.append(f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {_num(draft_tokens)}")
             metric("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.")
             out.append(f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {_num(accepted)}")
-            metric(
-                "vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position."
-            )
+            metric("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.")
             for pos, count in enumerate(per_pos):
                 out.append(
                     f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {_num(count)}'

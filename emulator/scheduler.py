@@ -10,6 +10,7 @@ acceptance per drafted token equals `acceptance_rate`).
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import deque
 from typing import Any
@@ -108,10 +109,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         else:
-            try:
+            with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
-            except ValueError:
-                pass
 
     @property
     def has_work(self) -> bool:

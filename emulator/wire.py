@@ -63,7 +63,7 @@ class ChatRequest(_Sampling, kw_only=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int | str]
     echo: bool = False
 
 

@@ -1,0 +1,146 @@
+"""The emulator as a raw ASGI application: `create_app(config)`."""
+
+from __future__ import annotations
+
+import msgspec
+
+from emulator.asgi import Receive, Scope, Send, read_body, respond
+from emulator.bodies import ModelCard, ModelList, ModelPermission
+from emulator.config import EmulatorConfig
+from emulator.engine import Engine
+from emulator.generate import handle_generate
+from emulator.tokenizer import decode, encode, render_chat
+from emulator.wire import DetokenizeRequest, TokenizeRequest, error_body
+
+__all__ = ("VLLM_VERSION", "EmulatorApp", "create_app")
+
+VLLM_VERSION = "0.11.0"
+_encode = msgspec.json.Encoder().encode
+_PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Tokenized(msgspec.Struct):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: None = None
+
+
+class _Detokenized(msgspec.Struct):
+    prompt: str
+
+
+class _Clock(msgspec.Struct):
+    now: float
+    speed: float
+
+
+class EmulatorApp:
+    """ASGI app; `engine` holds the scheduler, metrics and the log of finished requests."""
+
+    def __init__(self, config: EmulatorConfig, engine: Engine | None = None):
+        self.config = config
+        self.engine = engine or Engine(config)
+        self._routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/ping"): self._health,
+            ("GET", "/version"): self._version,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/metrics"): self._metrics,
+            ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/detokenize"): self._detokenize,
+            ("GET", "/emulator/requests"): self._requests,
+            ("GET", "/emulator/clock"): self._clock,
+        }
+        self._paths = {path for _, path in self._routes} | {"/v1/chat/completions", "/v1/completions"}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            self.engine.start()
+            path: str = scope["path"]
+            method: str = scope["method"]
+            if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
+                await handle_generate(self.config, self.engine, scope, receive, send)
+                return
+            route = self._routes.get((method, path))
+            if route is not None:
+                await route(scope, receive, send)
+            elif path in self._paths:
+                await respond(send, 405, b'{"detail":"Method Not Allowed"}')
+            else:
+                await respond(send, 404, b'{"detail":"Not Found"}')
+        elif kind == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    self.engine.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.engine.stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, b"", content_type=b"text/plain")
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, _encode({"version": VLLM_VERSION}))
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        created = int(self.engine.now())
+        card = ModelCard(
+            id=self.config.model,
+            created=created,
+            max_model_len=self.config.max_model_len,
+            root=self.config.model,
+            permission=[ModelPermission(id="modelperm-emulator", created=created)],
+        )
+        await respond(send, 200, _encode(ModelList(data=[card])))
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, self.engine.render_metrics().encode(), content_type=_PROMETHEUS)
+
+    async def _requests(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, _encode(list(self.engine.records)))
+
+    async def _clock(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await respond(send, 200, _encode(_Clock(now=self.engine.now(), speed=self.config.speed)))
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(receive)
+        if body is None:
+            return
+        try:
+            req = msgspec.json.decode(body, type=TokenizeRequest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            await respond(send, 400, error_body(400, f"Invalid request body: {exc}"))
+            return
+        if req.model is not None and req.model != self.config.model:
+            await respond(send, 404, error_body(404, f"The model `{req.model}` does not exist.", "model"))
+            return
+        if req.messages is not None:
+            text = render_chat([(m.role, m.text()) for m in req.messages], req.add_generation_prompt)
+        elif req.prompt is not None:
+            text = req.prompt
+        else:
+            await respond(send, 400, error_body(400, "Either `prompt` or `messages` is required."))
+            return
+        tokens = encode(text)
+        await respond(send, 200, _encode(_Tokenized(len(tokens), self.config.max_model_len, tokens)))
+
+    async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(receive)
+        if body is None:
+            return
+        try:
+            req = msgspec.json.decode(body, type=DetokenizeRequest)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            await respond(send, 400, error_body(400, f"Invalid request body: {exc}"))
+            return
+        await respond(send, 200, _encode(_Detokenized(decode(req.tokens))))
+
+
+def create_app(config: EmulatorConfig) -> EmulatorApp:
+    """The ASGI app for `config` (the engine starts with the lifespan or the first request)."""
+    return EmulatorApp(config)
