@@ -66,7 +66,7 @@ async def running_emulator(config: EmulatorConfig | None = None, **overrides: ob
 
     cfg = msgspec.structs.replace(config or PROFILES["moe"], **overrides)
     app = create_app(cfg)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
