@@ -8,7 +8,10 @@ from ledger.verify import verify_chain
 
 
 async def test_append_read_verify(database: Database) -> None:
-    batch = [new_event(CallStarted(call_id=f"c{i}", received_at=utc_now(), method="POST", path="/v1/x"), stream=f"call-c{i}") for i in range(5)]
+    batch = [
+        new_event(CallStarted(call_id=f"c{i}", received_at=utc_now(), method="POST", path="/v1/x"), stream=f"call-c{i}")
+        for i in range(5)
+    ]
     result = await append_events(database, batch)
     assert (result.appended, result.last_position) == (5, 5)
     again = await append_events(database, batch)

@@ -1,0 +1,33 @@
+"""Small builders shared by the ledger tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def call_events(index: int, *, body_hash: str | None = None) -> list[NewEvent]:
+    call_id = f"call{index:06d}"
+    start = T0 + timedelta(seconds=index)
+    started = CallStarted(
+        call_id=call_id,
+        received_at=start,
+        method="POST",
+        path="/v1/chat/completions",
+        run="r1",
+        tags={"ticker": f"T{index % 100:03d}"},
+        request_blob=body_hash,
+        model="m",
+    )
+    finished = CallFinished(
+        call_id=call_id,
+        status=200,
+        usage=Usage(prompt_tokens=100, completion_tokens=10, total_tokens=110),
+        usage_source="reported",
+        timings=Timings(received=start, finished=start + timedelta(seconds=2)),
+    )
+    stream = f"call-{call_id}"
+    return [new_event(started, stream=stream, occurred_at=start), new_event(finished, stream=stream, occurred_at=start)]

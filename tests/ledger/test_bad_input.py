@@ -1,0 +1,75 @@
+"""Bad input and unreachable databases: clear messages, exit code 2, nothing changed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ledger.db import open_database
+from ledger.errors import ConfigError
+from ledger.settings import Settings, load_settings
+from ledger.spool import Spool, SpoolRecord
+from tests.ledger.helpers import call_events
+
+
+def ledger_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "usage_ledger.cli", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+def test_unknown_url_scheme_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="unsupported database URL scheme 'mysql'"):
+        open_database("mysql://root@localhost/db")
+
+
+def test_cli_unknown_scheme_exits_2() -> None:
+    result = ledger_cli("verify", "--db", "mysql://root@localhost/db")
+    assert result.returncode == 2
+    assert "unsupported database URL scheme" in result.stderr
+
+
+def test_cli_unreachable_database_exits_2() -> None:
+    result = ledger_cli("db", "upgrade", "--db", "postgresql://postgres@127.0.0.1:1/nowhere")
+    assert result.returncode == 2
+    assert "cannot reach the database" in result.stderr
+
+
+def test_cli_unmigrated_database_says_what_to_do(tmp_path: Path) -> None:
+    result = ledger_cli("verify", "--db", f"sqlite:///{tmp_path / 'empty.db'}")
+    assert result.returncode == 2
+    assert "run `ledger db upgrade`" in result.stderr
+
+
+def test_cli_corrupt_spool_exits_2(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'l.db'}"
+    assert ledger_cli("db", "upgrade", "--db", db).returncode == 0
+    with Spool(tmp_path / "spool") as spool:
+        spool.write(SpoolRecord(events=call_events(1)))
+        spool.write(SpoolRecord(events=call_events(2)))
+        data = bytearray(spool.path.read_bytes())
+        data[10] ^= 0xFF
+        spool.path.write_bytes(bytes(data))
+    result = ledger_cli("spool", "replay", "--db", db, "--spool-dir", str(tmp_path / "spool"))
+    assert result.returncode == 2
+    assert "fails its checksum" in result.stderr
+
+
+def test_unknown_ledger_env_var_fails_fast() -> None:
+    with pytest.raises(ConfigError, match="unknown environment variable LEDGER_DATABSE_URL"):
+        load_settings({"LEDGER_DATABSE_URL": "sqlite:///x.db"})
+
+
+def test_env_is_coerced_and_flags_win() -> None:
+    settings = load_settings(
+        {"LEDGER_PORT": "9000", "LEDGER_RUN_GAP_S": "60", "LEDGER_HOST": "0.0.0.0"}, {"port": 9100, "host": None}
+    )
+    assert settings == Settings(port=9100, run_gap_s=60.0, host="0.0.0.0")
+
+
+def test_invalid_setting_value_is_reported() -> None:
+    with pytest.raises(ConfigError, match="invalid setting"):
+        load_settings({"LEDGER_DURABILITY": "sometimes"})

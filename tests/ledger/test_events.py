@@ -1,0 +1,64 @@
+"""Events round-trip through their canonical bytes, and the chain hash is what the docs say."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import uuid
+from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.chain import GENESIS_HASH, chain_hash
+from ledger.events import CallImported, CallRetagged, RunAnnotated, decode_event, encode_event, event_type
+
+texts = st.text(max_size=20)
+moments = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
+
+
+@given(
+    call_id=texts,
+    tags=st.dictionaries(texts, texts, max_size=4),
+    started=moments,
+    tokens=st.integers(min_value=0, max_value=10**9),
+    ttft=st.none() | st.floats(min_value=0, max_value=1e6, allow_nan=False),
+)
+def test_imported_call_round_trips(
+    call_id: str, tags: dict[str, str], started: datetime, tokens: int, ttft: float | None
+) -> None:
+    event = CallImported(
+        call_id=call_id,
+        source="s",
+        line=1,
+        started_at=started,
+        finished_at=started,
+        input_tokens=tokens,
+        output_tokens=tokens,
+        tags=tags,
+        ttft_s=ttft,
+    )
+    payload = encode_event(event)
+    assert decode_event(payload) == event
+    assert encode_event(decode_event(payload)) == payload  # canonical: stable bytes
+
+
+def test_tags_are_explicit_dotted_names() -> None:
+    assert event_type(CallRetagged(call_id="c", reason="r")) == "call.retagged"
+    assert event_type(RunAnnotated(labels={"gpu": "5090"})) == "run.annotated"
+    assert encode_event(RunAnnotated(labels={"b": "2", "a": "1"})).startswith(b'{"type":"run.annotated"')
+
+
+def test_chain_hash_matches_the_documented_layout() -> None:
+    event_id = uuid.UUID(int=7)
+    moment = datetime(2026, 1, 1, tzinfo=UTC)
+    expected = hashlib.sha256(
+        bytes(32)
+        + struct.pack(">Q16sq", 1, event_id.bytes, int(moment.timestamp()) * 1_000_000)
+        + struct.pack(">I", 11)
+        + b"call.failed"
+        + struct.pack(">I", 6)
+        + b"call-x"
+        + b"{}"
+    ).hexdigest()
+    assert chain_hash(GENESIS_HASH, 1, event_id, moment, "call.failed", "call-x", "{}") == expected
