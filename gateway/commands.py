@@ -1,11 +1,63 @@
-"""`ledger` subcommands contributed by the gateway package."""
+"""`ledger serve`, contributed by the gateway package (no logic beyond parsing and running)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from gateway.serve import Background, serve
+from ledger.errors import LedgerError
+from ledger.log import configure_logging
+from ledger.settings import load_settings
 
 __all__ = ("register",)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add this package's subcommands to the `ledger` parser."""
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], *, background: Sequence[Background] = ()
+) -> None:
+    """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit."""
+    parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
+    parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 8300)")
+    parser.add_argument(
+        "--durability", choices=("strict", "async"), help="strict (default): record before the last bytes"
+    )
+    parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
+    parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
+    parser.set_defaults(func=lambda args: _serve(args, background))
+
+
+def _serve(args: argparse.Namespace, background: Sequence[Background]) -> int:
+    names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
+    try:
+        settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
+    except LedgerError as exc:
+        print(f"ledger: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(settings, background=background))
+    except LedgerError as exc:
+        print(f"ledger: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ledger: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

@@ -1,0 +1,54 @@
+"""The gateway's ASGI app: a raw passthrough for upstream paths, Litestar for `/_ledger/`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+from litestar import Litestar, Router
+
+from gateway.admin import create_admin_app
+from gateway.metrics import Metrics
+from gateway.proxy import Proxy, Receive, Scope, Send
+from gateway.recorder import Recorder
+from gateway.upstream import UpstreamClient, as_upstream
+from ledger.db import Database
+from ledger.settings import Settings
+from ledger.writer import EventWriter
+
+__all__ = ("GatewayApp", "create_app")
+
+ADMIN_PREFIX = "/_ledger"
+
+
+class GatewayApp:
+    """The ASGI entry point; `admin` is the Litestar app, `proxy` the passthrough."""
+
+    def __init__(self, proxy: Proxy, admin: Litestar, metrics: Metrics) -> None:
+        self.proxy = proxy
+        self.admin = admin
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path: str = scope["path"]
+            if not (path.startswith(ADMIN_PREFIX) and (len(path) == 8 or path[8] == "/")):
+                await self.proxy(scope, receive, send)
+                return
+        await self.admin(scope, receive, send)  # type: ignore[arg-type]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    database: Database,
+    writer: EventWriter,
+    http_client: httpx.AsyncClient | UpstreamClient,
+    api_routers: Sequence[Router] = (),
+) -> GatewayApp:
+    """Build the gateway. The caller owns `database`, `writer` and `http_client` (opens and closes them)."""
+    metrics = Metrics()
+    recorder = Recorder(writer, settings.durability, metrics)
+    proxy = Proxy(settings, as_upstream(http_client), recorder, metrics)
+    admin = create_admin_app(settings, database=database, writer=writer, metrics=metrics, api_routers=api_routers)
+    return GatewayApp(proxy, admin, metrics)

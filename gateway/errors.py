@@ -1,0 +1,92 @@
+"""Errors of the gateway, and their one HTTP mapping (OpenAI-shaped JSON bodies).
+
+    GatewayError                 base; `status`, `kind` (OpenAI `type`), `code`, `param`
+    ├── InvalidLedgerHeader      400  an X-Ledger-* header is malformed (names the header)
+    ├── BodyTooLarge             413  the request body exceeds `max_body_bytes`
+    └── UpstreamError            base of what went wrong talking to the upstream
+        ├── UpstreamUnreachable  502  connection refused / DNS / connect failure
+        ├── UpstreamTimeout      504  no answer (connect, headers or body) within the timeout
+        └── UpstreamReset        502  the upstream closed the connection mid-response
+
+Upstream *responses* (any status) are never GatewayErrors: they pass through byte for byte.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+__all__ = (
+    "BodyTooLarge",
+    "GatewayError",
+    "InvalidLedgerHeader",
+    "UpstreamError",
+    "UpstreamReset",
+    "UpstreamTimeout",
+    "UpstreamUnreachable",
+    "error_body",
+)
+
+
+class GatewayError(Exception):
+    status = 500
+    kind = "gateway_error"
+    code = "gateway_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.message, kind=self.kind, code=self.code, param=self.param)
+
+
+class InvalidLedgerHeader(GatewayError):
+    status = 400
+    kind = "invalid_request_error"
+    code = "invalid_ledger_header"
+
+
+class BodyTooLarge(GatewayError):
+    status = 413
+    kind = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    kind = "upstream_error"
+    reason = "upstream_unreachable"
+
+
+class UpstreamUnreachable(UpstreamError):
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"
+    reason = "upstream_timeout"
+
+
+class UpstreamReset(UpstreamError):
+    code = "upstream_reset"
+    reason = "upstream_reset"
+
+
+class _Info(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class _Error(msgspec.Struct):
+    error: _Info
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_body(message: str, *, kind: str, code: str, param: str | None = None) -> bytes:
+    return _encoder.encode(_Error(_Info(message=message, type=kind, param=param, code=code)))

@@ -1,0 +1,115 @@
+"""Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
+
+    serve(settings)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
+                     └ background tasks (e.g. a projection follower), woken after every commit
+                     └ uvicorn (httptools parser, uvloop), listening socket with TCP_NODELAY
+
+Resources are opened here and closed in `finally`, in reverse order; the writer drains its queue
+before the database is disposed, so nothing accepted is dropped on a clean shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+import structlog
+import uvicorn
+from litestar import Router
+
+from gateway.app import create_app
+from gateway.proxy import AbortResponse
+from gateway.upstream import httpx_client
+from ledger.db import Database, open_database
+from ledger.errors import DatabaseUnavailable
+from ledger.migrate import require_head
+from ledger.settings import Settings
+from ledger.spool import Spool
+from ledger.writer import EventWriter
+
+__all__ = ("Background", "bind_socket", "serve")
+
+Background = Callable[[Database, asyncio.Event], Coroutine[Any, Any, None]]
+log = structlog.get_logger("gateway.serve")
+
+
+class _DropAborts(logging.Filter):
+    """An aborted response (upstream failed mid-body) is already logged as `call_failed`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, AbortResponse)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket; accepted connections inherit TCP_NODELAY (no Nagle delay on small chunks)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(
+    settings: Settings, *, background: Sequence[Background] = (), api_routers: Sequence[Router] = ()
+) -> None:
+    database = open_database(settings.database_url)
+    try:
+        try:
+            await require_head(database)
+        except DatabaseUnavailable as exc:
+            log.warning("database_unavailable_at_start", error=str(exc), spool=settings.spool_dir)
+        writer = EventWriter(database, Spool(settings.spool_dir), batch_max_events=settings.batch_max_events)
+        async with writer:
+            wake = asyncio.Event()
+            writer.on_commit(lambda _position: wake.set())
+            client = httpx_client(settings)
+            tasks = [
+                asyncio.create_task(job(database, wake), name=f"background-{i}") for i, job in enumerate(background)
+            ]
+            try:
+                app = create_app(
+                    settings, database=database, writer=writer, http_client=client, api_routers=api_routers
+                )
+                await _run_server(app, settings)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                await client.aclose()
+    finally:
+        await database.dispose()
+
+
+async def _run_server(app: Any, settings: Settings) -> None:
+    logging.getLogger("uvicorn.error").addFilter(_DropAborts())
+    sock = bind_socket(settings.host, settings.port)
+    config = uvicorn.Config(
+        app,
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        log_config=None,
+        log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=30,
+        server_header=False,
+        date_header=False,
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "gateway_listening",
+        host=settings.host,
+        port=sock.getsockname()[1],
+        upstream=settings.upstream,
+        durability=settings.durability,
+    )
+    await server.serve(sockets=[sock])

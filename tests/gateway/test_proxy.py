@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ledger.events import CallFinished, CallStarted
+from tests.gateway.conftest import Rig
+from tests.gateway.upstream import completion_body, sse_chunks
+
+
+async def test_non_stream_bytes_and_events(rig: Rig) -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0.8}'
+    resp = await rig.client.post(
+        "/v1/chat/completions?x=1",
+        content=body,
+        headers={
+            "content-type": "application/json",
+            "authorization": "Bearer sk-secret",
+            "x-ledger-run": "r1",
+            "x-ledger-ticker": "AAPL",
+            "x-ledger-tag-Kind": "nightly",
+            "x-request-id": "rid-1",
+        },
+    )
+    assert resp.status_code == 200
+    assert resp.content == completion_body(3)
+    call_id = resp.headers["x-ledger-call-id"]
+    sent = rig.upstream.requests[-1]
+    assert sent["body"] == body
+    names = [name for name, _ in sent["headers"]]
+    assert not any(name.startswith("x-ledger-") for name in names)
+    assert ("x-request-id", "rid-1") in sent["headers"]
+    assert ("authorization", "Bearer sk-secret") in sent["headers"]
+    started, finished = await rig.events()
+    assert isinstance(started, CallStarted) and isinstance(finished, CallFinished)
+    assert started.call_id == finished.call_id == call_id
+    assert started.run == "r1" and started.tags == {"ticker": "AAPL", "kind": "nightly"}
+    assert started.model == "m" and started.sampling.max_tokens == 3 and started.sampling.temperature == 0.8
+    assert started.query == "x=1" and not started.stream
+    recorded = dict(started.request_headers)
+    assert recorded["authorization"].startswith("sha256:") and "sk-secret" not in json.dumps(started.request_headers)
+    assert finished.status == 200 and finished.usage is not None and finished.usage.completion_tokens == 3
+    assert finished.usage_source == "reported" and finished.finish_reasons == ["stop"]
+    assert finished.upstream_request_id == "req-abc"
+
+
+@pytest.mark.parametrize("split", [1, 7])
+async def test_stream_usage_injected_and_removed(rig: Rig, split: int) -> None:
+    rig.upstream.split = split
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":5}'
+    resp = await rig.client.post("/v1/chat/completions", content=body)
+    assert resp.content == b"".join(sse_chunks(5, include_usage=False))
+    sent = json.loads(rig.upstream.requests[-1]["body"])
+    assert sent["stream_options"] == {"include_usage": True}
+    _, finished = await rig.events()
+    assert isinstance(finished, CallFinished)
+    assert finished.usage_source == "injected" and finished.usage is not None
+    assert finished.usage.completion_tokens == 5 and finished.chunk_count == 6
+    assert finished.finish_reasons == ["length"]
+
+
+async def test_stream_with_usage_requested_passes_through(rig: Rig) -> None:
+    body = b'{"model":"m","messages":[],"stream":true,"max_tokens":2,"stream_options":{"include_usage":true}}'
+    resp = await rig.client.post("/v1/chat/completions", content=body)
+    assert resp.content == b"".join(sse_chunks(2, include_usage=True))
+    assert rig.upstream.requests[-1]["body"] == body
+    _, finished = await rig.events()
+    assert isinstance(finished, CallFinished) and finished.usage_source == "reported"
+
+
+async def test_upstream_error_passes_through(rig: Rig) -> None:
+    resp = await rig.client.post("/status/418", content=b"{}")
+    assert resp.status_code == 418
+    assert resp.content == b'{"error":{"message":"nope","type":"BadRequestError","param":null,"code":418}}'
+    _, finished = await rig.events()
+    assert isinstance(finished, CallFinished) and finished.status == 418
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        ("x-ledger-run", "a" * 300),
+        ("x-ledger-ticker", "bad\x01"),
+        ("x-ledger-tag-BAD NAME", "x"),
+        ("x-ledger-nope", "1"),
+    ],
+)
+async def test_invalid_ledger_headers_400(rig: Rig, header: tuple[str, str]) -> None:
+    resp = await rig.client.get("/v1/models", headers=[(header[0].encode(), header[1].encode())])
+    assert resp.status_code == 400
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_ledger_header"
+    assert rig.upstream.requests == [] and await rig.events() == []
