@@ -37,10 +37,11 @@ from ledger.schema import blobs
 from ledger.writer import EventWriter
 
 T0 = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)
-WORDS = (
-    "revenue margin guidance outlook growth quarter demand supply capex dividend buyback valuation risk "
-    "momentum support resistance volume breakout earnings consensus upgrade downgrade sector rotation"
-).split()
+WORDS = [
+    *("revenue", "margin", "guidance", "outlook", "growth", "quarter", "demand", "supply", "capex", "dividend"),
+    *("buyback", "valuation", "risk", "momentum", "support", "resistance", "volume", "breakout", "earnings"),
+    *("consensus", "upgrade", "downgrade", "sector", "rotation"),
+]
 
 
 def prompt_body(ticker: int, step: int) -> bytes:
@@ -70,8 +71,8 @@ def prompt_body(ticker: int, step: int) -> bytes:
 def sse_body(rng: random.Random, tokens: int = 1470) -> bytes:
     """vLLM-shaped SSE: role chunk, ≈2 tokens per chunk (speculative decoding), finish, usage, [DONE]."""
     head = (
-        '{"id":"chatcmpl-%s","object":"chat.completion.chunk","created":1764536400,"model":"qwen3-moe","choices":['
-        % uuid.uuid4().hex
+        f'{{"id":"chatcmpl-{uuid.uuid4().hex}","object":"chat.completion.chunk","created":1764536400,'
+        '"model":"qwen3-moe","choices":['
     )
     out = [
         f'data: {head}{{"index":0,"delta":{{"role":"assistant","content":""}},"logprobs":null,"finish_reason":null}}]}}\n\n'
@@ -132,7 +133,7 @@ async def fresh_database(
         async def drop_sqlite() -> None:
             await database.dispose()
             for suffix in ("", "-wal", "-shm"):
-                Path(f"{path}{suffix}").unlink(missing_ok=True)
+                await asyncio.to_thread(Path(f"{path}{suffix}").unlink, missing_ok=True)
 
         await upgrade_database(database)
         return database, drop_sqlite
