@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 from ledger.db import open_database
 from ledger.schema import metadata
+from projections.tables import metadata as projections_metadata
 
 config = context.config
 
@@ -21,7 +22,7 @@ config = context.config
 def _configure_and_run(connection: Connection) -> None:
     context.configure(
         connection=connection,
-        target_metadata=metadata,
+        target_metadata=[metadata, projections_metadata],
         render_as_batch=True,
         compare_type=True,
     )

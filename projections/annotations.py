@@ -1,0 +1,96 @@
+"""The annotations read model: `run.annotated` labels on a run or a time range, in position order."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+from sqlalchemy import delete, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from projections._slim import SAnnotated, decode_slim
+from projections.tables import annotations_table
+
+__all__ = ("Annotation", "AnnotationsProjection", "labels_for_run", "load_annotations")
+
+_labels_encoder = msgspec.json.Encoder(order="sorted")
+_labels_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+class Annotation(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    labels: dict[str, str]
+    run: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+
+    def matches(self, run: str, started_at: datetime | None) -> bool:
+        if self.run is not None:
+            return self.run == run
+        if started_at is None:
+            return False
+        return (self.start is None or self.start <= started_at) and (self.end is None or started_at < self.end)
+
+
+class AnnotationsProjection:
+    name = "annotations"
+    handles = frozenset({"run.annotated"})
+
+    async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None:
+        rows = []
+        for position, type_, payload in page:
+            if type_ != "run.annotated":
+                continue
+            ev: SAnnotated = decode_slim(type_, payload)
+            rows.append(
+                {
+                    "version": version,
+                    "position": position,
+                    "run": ev.run,
+                    "start_at": ev.start,
+                    "end_at": ev.end,
+                    "labels": _labels_encoder.encode(ev.labels).decode(),
+                }
+            )
+        if rows:
+            await conn.execute(insert(annotations_table), rows)
+
+    async def digest(self, conn: AsyncConnection, version: int) -> str:
+        digest = hashlib.sha256()
+        columns = [c for c in annotations_table.columns if c.name != "version"]
+        result = await conn.execute(
+            select(*columns).where(annotations_table.c.version == version).order_by(annotations_table.c.position)
+        )
+        for r in result:
+            digest.update(_labels_encoder.encode(tuple(r)) + b"\n")
+        return digest.hexdigest()
+
+    async def drop(self, conn: AsyncConnection, version: int) -> None:
+        await conn.execute(delete(annotations_table).where(annotations_table.c.version == version))
+
+
+async def load_annotations(conn: AsyncConnection, version: int) -> list[Annotation]:
+    result = await conn.execute(
+        select(annotations_table).where(annotations_table.c.version == version).order_by(annotations_table.c.position)
+    )
+    return [
+        Annotation(
+            position=r.position,
+            labels=_labels_decoder.decode(r.labels),
+            run=r.run,
+            start=r.start_at,
+            end=r.end_at,
+        )
+        for r in result
+    ]
+
+
+def labels_for_run(notes: Sequence[Annotation], run: str, started_at: datetime | None) -> dict[str, str]:
+    """Labels of a run: every matching annotation merged in position order (later wins)."""
+    labels: dict[str, str] = {}
+    for note in notes:
+        if note.matches(run, started_at):
+            labels.update(note.labels)
+    return labels

@@ -1,0 +1,235 @@
+"""The calls read model: one row per call, folded from gateway events or imports.
+
+The fold is a pure function of the call's events in position order:
+
+- `call.started` / `call.imported` begin a fresh row (whatever came before for that id);
+- `call.finished` / `call.failed` complete it (or create it from `timings.received` if the start
+  never arrived);
+- `call.retagged` changes run and tags of an existing row (history is never touched).
+
+A page of events is folded in memory; only calls whose first event in the page continues an
+earlier row are loaded from the database. Every touched row is then written whole (upsert), so a
+rebuild in one pass and incremental application in any split produce identical rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from projections._slim import SFailed, SFinished, SImported, SRetagged, SStarted, decode_slim
+from projections.tables import calls
+
+__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call")
+
+Row = dict[str, Any]
+CALL_COLUMNS: tuple[str, ...] = tuple(c.name for c in calls.columns)
+_FRESH = frozenset({"call.started", "call.imported"})
+_HANDLED = frozenset({"call.started", "call.finished", "call.failed", "call.imported", "call.retagged"})
+_tags_encoder = msgspec.json.Encoder(order="sorted")
+_tags_decoder = msgspec.json.Decoder(dict[str, str])
+_digest_encoder = msgspec.json.Encoder(order="sorted")
+
+FAILED_STATUSES = ("error", "failed")
+
+
+def call_status_failed(status: str) -> bool:
+    return status in FAILED_STATUSES
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def _derive(row: Row) -> Row:
+    started: datetime = row["started_at"]
+    row["elapsed_s"] = _seconds(row["ended_at"], started)
+    first, last = row["first_token_at"], row["last_token_at"]
+    if row["origin"] == "gateway":
+        row["ttft_s"] = _seconds(first, started)
+    ttft = row["ttft_s"]
+    row["prefill_tps"] = row["input_tokens"] / ttft if ttft and ttft > 0 and row["input_tokens"] else None
+    decode_s = _seconds(last, first)
+    out = row["output_tokens"]
+    row["decode_tps"] = (out - 1) / decode_s if decode_s and decode_s > 0 and out > 1 else None
+    return row
+
+
+def _blank(version: int, call_id: str, started_at: datetime) -> Row:
+    return {
+        "version": version,
+        "call_id": call_id,
+        "run": None,
+        "ticker": None,
+        "tags": "{}",
+        "model": None,
+        "origin": "gateway",
+        "source": None,
+        "status": "incomplete",
+        "http_status": None,
+        "failure_reason": None,
+        "usage_source": "absent",
+        "started_at": started_at,
+        "first_token_at": None,
+        "last_token_at": None,
+        "ended_at": None,
+        "elapsed_s": None,
+        "ttft_s": None,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "cached_tokens": None,
+        "prefill_tps": None,
+        "decode_tps": None,
+        "request_blob": None,
+        "response_blob": None,
+        "retags": 0,
+        "last_position": 0,
+    }
+
+
+def _finish(row: Row, ev: SFinished | SFailed) -> None:
+    t = ev.timings
+    row["ended_at"] = t.finished or t.last_token or t.upstream_headers or t.received
+    row["first_token_at"] = t.first_token
+    row["last_token_at"] = t.last_token
+    row["response_blob"] = ev.response_blob
+    row["usage_source"] = ev.usage_source
+    if ev.usage is not None:
+        row["input_tokens"] = ev.usage.prompt_tokens
+        row["output_tokens"] = ev.usage.completion_tokens
+        row["cached_tokens"] = ev.usage.cached_tokens
+    if isinstance(ev, SFinished):
+        row["http_status"] = ev.status
+        row["status"] = "ok" if 200 <= ev.status < 400 else "error"
+        row["failure_reason"] = None
+    else:
+        row["http_status"] = ev.client_status
+        row["status"] = "failed"
+        row["failure_reason"] = ev.reason
+
+
+def fold_call(row: Row | None, ev: Any, version: int, position: int) -> Row | None:
+    """Apply one slim call event to a call's row (None = no row yet); returns the new row."""
+    if isinstance(ev, SStarted):
+        row = _blank(version, ev.call_id, ev.received_at)
+        row["run"] = ev.run
+        row["tags"] = _tags_encoder.encode(ev.tags).decode()
+        row["ticker"] = ev.tags.get("ticker")
+        row["model"] = ev.model
+        row["request_blob"] = ev.request_blob
+    elif isinstance(ev, SImported):
+        row = _blank(version, ev.call_id, ev.started_at)
+        row.update(
+            run=ev.run,
+            tags=_tags_encoder.encode(ev.tags).decode(),
+            ticker=ev.tags.get("ticker"),
+            model=ev.model,
+            origin="import",
+            source=f"{ev.source}:{ev.line}",
+            status=ev.status,
+            usage_source="imported",
+            ended_at=ev.finished_at,
+            ttft_s=ev.ttft_s,
+            input_tokens=ev.input_tokens,
+            output_tokens=ev.output_tokens,
+        )
+        if ev.ttft_s is not None:
+            row["first_token_at"] = ev.started_at + timedelta(seconds=ev.ttft_s)
+    elif isinstance(ev, SFinished | SFailed):
+        if row is None:
+            row = _blank(version, ev.call_id, ev.timings.received)
+        _finish(row, ev)
+    elif isinstance(ev, SRetagged):
+        if row is None:
+            return None
+        if ev.run is not None:
+            row["run"] = ev.run
+        tags = _tags_decoder.decode(row["tags"])
+        tags.update(ev.tags)
+        for name in ev.removed_tags:
+            tags.pop(name, None)
+        row["tags"] = _tags_encoder.encode(tags).decode()
+        row["ticker"] = tags.get("ticker")
+        row["retags"] += 1
+    else:  # pragma: no cover - filtered by the caller
+        return row
+    row["last_position"] = position
+    return _derive(row)
+
+
+class CallsProjection:
+    """Calls: one row per call id and version."""
+
+    name = "calls"
+    handles = _HANDLED
+
+    async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None:
+        by_call: dict[str, list[tuple[int, Any]]] = {}
+        for position, type_, payload in page:
+            if type_ not in _HANDLED:
+                continue
+            ev = decode_slim(type_, payload)
+            by_call.setdefault(ev.call_id, []).append((position, ev))
+        if not by_call:
+            return
+        continuing = [cid for cid, evs in by_call.items() if evs[0][1].__struct_config__.tag not in _FRESH]
+        existing = await self._load(conn, version, continuing)
+        rows: list[Row] = []
+        for call_id, evs in by_call.items():
+            row = existing.get(call_id)
+            for position, ev in evs:
+                row = fold_call(row, ev, version, position)
+            if row is not None:
+                rows.append(row)
+        await self._upsert(conn, rows)
+
+    async def _load(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, Row]:
+        found: dict[str, Row] = {}
+        for start in range(0, len(call_ids), 500):
+            chunk = call_ids[start : start + 500]
+            result = await conn.execute(select(calls).where(calls.c.version == version, calls.c.call_id.in_(chunk)))
+            for r in result.mappings():
+                found[r["call_id"]] = dict(r)
+        return found
+
+    async def _upsert(self, conn: AsyncConnection, rows: list[Row]) -> None:
+        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        statement = dialect.insert(calls)
+        statement = statement.on_conflict_do_update(
+            index_elements=[calls.c.version, calls.c.call_id],
+            set_={name: statement.excluded[name] for name in CALL_COLUMNS if name not in ("version", "call_id")},
+        )
+        for start in range(0, len(rows), 5000):
+            await conn.execute(statement, rows[start : start + 5000])
+
+    async def digest(self, conn: AsyncConnection, version: int) -> str:
+        """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat)."""
+        digest = hashlib.sha256()
+        columns = [c for c in calls.columns if c.name != "version"]
+        after = ""
+        while True:
+            result = await conn.execute(
+                select(*columns)
+                .where(calls.c.version == version, calls.c.call_id > after)
+                .order_by(calls.c.call_id)
+                .limit(20000)
+            )
+            rows = result.all()
+            for r in rows:
+                digest.update(_digest_encoder.encode(tuple(r)))
+                digest.update(b"\n")
+            if len(rows) < 20000:
+                return digest.hexdigest()
+            after = rows[-1].call_id
+
+    async def drop(self, conn: AsyncConnection, version: int) -> None:
+        await conn.execute(delete(calls).where(calls.c.version == version))

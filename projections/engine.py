@@ -1,0 +1,330 @@
+"""Running projections: checkpointed catch-up, full rebuilds beside the live version, promotion.
+
+    events ──page──► projection.apply(conn, version, page) ─┐ one transaction:
+                                                            └ rows + checkpoint(name, version)
+
+Every projection row carries a version. `projection_versions` points at the live one; a rebuild
+fills version N+1 from position 0 (committing page by page, so memory stays flat and a crash
+loses at most a page), computes its digest, appends `projection.promoted` and switches the
+pointer. Readers always read the live version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import msgspec
+import structlog
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger.append import append_events, translate_db_error
+from ledger.db import Database
+from ledger.errors import DatabaseUnavailable, LedgerError
+from ledger.events import ProjectionPromoted, new_event, utc_now
+from ledger.read import head_position
+from ledger.schema import checkpoints, events
+from projections.annotations import AnnotationsProjection
+from projections.calls import CallsProjection
+from projections.errors import UnknownProjection
+from projections.formulas import DEFAULT_FORMULA, get_formula
+from projections.tables import versions
+
+__all__ = (
+    "PROJECTIONS",
+    "Progress",
+    "Projection",
+    "ProjectionStatus",
+    "catch_up",
+    "catch_up_all",
+    "follow_projections",
+    "live_version",
+    "projection_status",
+    "promote_version",
+    "rebuild_projection",
+    "set_formula",
+)
+
+log = structlog.get_logger("projections.engine")
+Progress = Callable[[int, int], None]
+_PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
+
+
+class Projection(Protocol):
+    name: str
+    handles: frozenset[str]
+
+    async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None: ...
+    async def digest(self, conn: AsyncConnection, version: int) -> str: ...
+    async def drop(self, conn: AsyncConnection, version: int) -> None: ...
+
+
+PROJECTIONS: dict[str, Projection] = {p.name: p for p in (CallsProjection(), AnnotationsProjection())}
+
+
+class ProjectionStatus(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    version: int
+    live: bool
+    checkpoint: int
+    head: int
+    lag: int
+    formula: str | None = None
+    digest: str | None = None
+
+
+class _Moved(Exception):
+    """Another runner advanced the checkpoint first; re-read and continue."""
+
+
+def _projection(name: str) -> Projection:
+    try:
+        return PROJECTIONS[name]
+    except KeyError:
+        raise UnknownProjection(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}") from None
+
+
+def _dialect_insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
+
+
+async def live_version(conn: AsyncConnection, name: str) -> tuple[int, str]:
+    """(live version, formula) of a projection; version 1 with the default formula if never built."""
+    row = (
+        await conn.execute(select(versions.c.live_version, versions.c.formula).where(versions.c.name == name))
+    ).first()
+    return (row.live_version, row.formula) if row else (1, DEFAULT_FORMULA)
+
+
+async def _ensure_pointer(database: Database, name: str) -> int:
+    async with database.engine.begin() as conn:
+        statement = _dialect_insert(conn)(versions).values(
+            name=name, live_version=1, formula=DEFAULT_FORMULA, head_position=0, digest="", promoted_at=utc_now()
+        )
+        await conn.execute(statement.on_conflict_do_nothing(index_elements=["name"]))
+        version, _ = await live_version(conn, name)
+        return version
+
+
+async def _checkpoint(conn: AsyncConnection, name: str, version: int, *, lock: bool = False) -> int:
+    query = select(checkpoints.c.position).where(checkpoints.c.projection == name, checkpoints.c.version == version)
+    if lock and conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    value = (await conn.execute(query)).scalar_one_or_none()
+    return int(value) if value is not None else 0
+
+
+async def _write_checkpoint(conn: AsyncConnection, name: str, version: int, position: int) -> None:
+    statement = _dialect_insert(conn)(checkpoints).values(
+        projection=name, version=version, position=position, updated_at=utc_now()
+    )
+    await conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=["projection", "version"],
+            set_={"position": statement.excluded.position, "updated_at": statement.excluded.updated_at},
+        )
+    )
+
+
+async def _read_page(database: Database, after: int, limit: int) -> list[tuple[int, str, str]]:
+    async with database.engine.connect() as conn:
+        result = await conn.execute(
+            select(events.c.position, events.c.type, events.c.payload)
+            .where(events.c.position > after)
+            .order_by(events.c.position)
+            .limit(limit)
+        )
+        return [(r[0], r[1], r[2]) for r in result]
+
+
+async def catch_up(
+    database: Database,
+    name: str,
+    version: int | None = None,
+    *,
+    page_size: int = 20_000,
+    until: int | None = None,
+    progress: Progress | None = None,
+) -> int:
+    """Apply every event after the checkpoint of `name`@`version` (default: live); returns the new checkpoint."""
+    projection = _projection(name)
+    try:
+        if version is None:
+            version = await _ensure_pointer(database, name)
+        async with database.engine.connect() as conn:
+            position = await _checkpoint(conn, name, version)
+            head = await head_position(conn) if until is None else until
+        while position < head:
+            page = await _read_page(database, position, min(page_size, head - position))
+            if not page:
+                break
+            try:
+                await _apply_page(database, projection, version, position, page)
+            except _Moved:
+                async with database.engine.connect() as conn:
+                    position = await _checkpoint(conn, name, version)
+                continue
+            position = page[-1][0]
+            if progress is not None:
+                progress(position, head)
+        return position
+    except LedgerError:
+        raise
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+
+
+async def _apply_page(
+    database: Database, projection: Projection, version: int, expected: int, page: Sequence[tuple[int, str, str]]
+) -> None:
+    conn = await database.writer()
+    try:
+        async with conn.begin():
+            if await _checkpoint(conn, projection.name, version, lock=True) != expected:
+                raise _Moved
+            await projection.apply(conn, version, page)
+            await _write_checkpoint(conn, projection.name, version, page[-1][0])
+    finally:
+        await conn.close()
+
+
+async def catch_up_all(database: Database) -> dict[str, int]:
+    """Bring every live projection up to the head; returns the checkpoints."""
+    return {name: await catch_up(database, name) for name in PROJECTIONS}
+
+
+async def rebuild_projection(
+    database: Database,
+    name: str,
+    *,
+    formula: str | None = None,
+    page_size: int = 20_000,
+    progress: Progress | None = None,
+    keep_old: bool = False,
+) -> ProjectionPromoted:
+    """Rebuild `name` from position 0 into a new version beside the live one, then promote it."""
+    projection = _projection(name)
+    if formula is not None:
+        get_formula(formula)
+    live = await _ensure_pointer(database, name)
+    async with database.engine.begin() as conn:
+        known = (
+            await conn.execute(select(func.max(checkpoints.c.version)).where(checkpoints.c.projection == name))
+        ).scalar_one_or_none()
+        current_formula = (await live_version(conn, name))[1]
+        new_version = max(live, int(known or 0)) + 1
+        await projection.drop(conn, new_version)
+        await _write_checkpoint(conn, name, new_version, 0)
+    await catch_up(database, name, new_version, page_size=page_size, progress=progress)
+    promoted = await promote_version(database, name, new_version, formula or current_formula)
+    if not keep_old:
+        async with database.engine.begin() as conn:
+            stale = (
+                await conn.execute(
+                    select(checkpoints.c.version).where(
+                        checkpoints.c.projection == name, checkpoints.c.version != new_version
+                    )
+                )
+            ).scalars()
+            for old in list(stale):
+                await projection.drop(conn, old)
+                await conn.execute(
+                    checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == old)
+                )
+    return promoted
+
+
+async def promote_version(database: Database, name: str, version: int, formula: str) -> ProjectionPromoted:
+    """Make `version` live: catch it up, digest it, append `projection.promoted`, switch the pointer.
+
+    The event id is derived from (name, version, formula, position, digest), so a retry after a
+    crash between the append and the pointer switch appends nothing twice.
+    """
+    projection = _projection(name)
+    get_formula(formula)
+    position = await catch_up(database, name, version)
+    async with database.engine.connect() as conn:
+        digest = await projection.digest(conn, version)
+    body = ProjectionPromoted(name=name, version=version, formula=formula, head_position=position, digest=digest)
+    event_id = uuid.uuid5(_PROMOTED_NS, f"{name}\n{version}\n{formula}\n{position}\n{digest}")
+    await append_events(database, [new_event(body, stream=f"projection-{name}", event_id=event_id)])
+    async with database.engine.begin() as conn:
+        await conn.execute(
+            update(versions)
+            .where(versions.c.name == name)
+            .values(live_version=version, formula=formula, head_position=position, digest=digest, promoted_at=utc_now())
+        )
+    log.info("projection_promoted", name=name, version=version, formula=formula, position=position, digest=digest)
+    return body
+
+
+async def set_formula(database: Database, formula: str) -> ProjectionPromoted:
+    """Make `formula` the default of the calls projection (a promotion of the live version)."""
+    version = await _ensure_pointer(database, "calls")
+    return await promote_version(database, "calls", version, formula)
+
+
+async def projection_status(database: Database) -> list[ProjectionStatus]:
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+        pointers = {r.name: r for r in await conn.execute(select(versions))}
+        rows = (
+            await conn.execute(
+                select(checkpoints.c.projection, checkpoints.c.version, checkpoints.c.position).order_by(
+                    checkpoints.c.projection, checkpoints.c.version
+                )
+            )
+        ).all()
+    out: list[ProjectionStatus] = []
+    seen: set[tuple[str, int]] = set()
+    for r in rows:
+        if r.projection not in PROJECTIONS:
+            continue
+        pointer = pointers.get(r.projection)
+        live = pointer is not None and pointer.live_version == r.version
+        seen.add((r.projection, r.version))
+        out.append(
+            ProjectionStatus(
+                name=r.projection,
+                version=r.version,
+                live=live,
+                checkpoint=r.position,
+                head=head,
+                lag=head - r.position,
+                formula=pointer.formula if live and pointer else None,
+                digest=(pointer.digest or None) if live and pointer else None,
+            )
+        )
+    for name in PROJECTIONS:
+        pointer = pointers.get(name)
+        version = pointer.live_version if pointer else 1
+        if (name, version) not in seen:
+            out.append(ProjectionStatus(name=name, version=version, live=True, checkpoint=0, head=head, lag=head))
+    return out
+
+
+async def follow_projections(database: Database, wake: asyncio.Event, *, poll_interval_s: float = 0.5) -> None:
+    """Keep every live projection caught up, forever (for `ledger serve` and `projections run --follow`).
+
+    Wakes when `wake` is set (after each commit in this process) or every `poll_interval_s`;
+    an unreachable database is retried with a back-off, never fatal.
+    """
+    delay = poll_interval_s
+    while True:
+        try:
+            await catch_up_all(database)
+            delay = poll_interval_s
+        except DatabaseUnavailable as exc:
+            log.warning("projections_database_unavailable", error=str(exc))
+            delay = min(delay * 2, 30.0)
+        except LedgerError as exc:
+            log.error("projections_catch_up_failed", error=str(exc))
+            delay = min(delay * 2, 30.0)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), delay)
+        wake.clear()

@@ -1,0 +1,311 @@
+"""`ledger import`: historical calls from JSONL or CSV files (DESIGN §6), one `call.imported` each.
+
+- Atomic per file: the whole file is parsed first and appended in one transaction; a bad row
+  means nothing of the file is imported, unless `skip_invalid`.
+- Idempotent: an event id is a UUIDv5 over the source name, the row's canonical content and its
+  occurrence number among identical rows, so re-importing the same file adds nothing.
+- Errors read `file:line: reason`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from ledger.append import append_events
+from ledger.db import Database
+from ledger.events import CallImported, NewEvent, new_event
+from projections.errors import ImportFailed, ProjectionError
+
+__all__ = ("ImportResult", "RowError", "import_file", "parse_file", "parse_record")
+
+Format = Literal["jsonl", "csv"]
+Progress = Callable[[int, int], None]
+_NAMESPACE = uuid.UUID("0b5d7c56-6a1e-5b8e-8f0e-4c2a7d9e1f30")
+_KNOWN = frozenset(
+    {
+        "started_at",
+        "finished_at",
+        "elapsed_s",
+        "input_tokens",
+        "output_tokens",
+        "run",
+        "ticker",
+        "model",
+        "ttft_s",
+        "status",
+        "tags",
+        "call_id",
+    }
+)
+_canonical = msgspec.json.Encoder(order="sorted")
+_MAX_TEXT = 255
+
+
+class RowError(ValueError):
+    """One invalid row: the reason (the caller adds `file:line`)."""
+
+
+class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
+    file: str
+    source: str
+    rows: int
+    appended: int
+    duplicates: int
+    invalid: int
+    errors: list[str] = []
+
+
+def _time(value: Any, field: str) -> datetime:
+    if isinstance(value, bool):
+        raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {value!r}")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise RowError(f"{field}: epoch seconds must be finite")
+        try:
+            return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=value)
+        except OverflowError:
+            raise RowError(f"{field}: epoch seconds {value!r} out of range") from None
+    if not isinstance(value, str):
+        raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {type(value).__name__}")
+    text = value.strip()
+    try:
+        return _time(float(text), field)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise RowError(f"{field}: {value!r} is neither ISO 8601 nor epoch seconds") from None
+    if parsed.tzinfo is None:
+        raise RowError(f"{field}: {value!r} has no UTC offset (add Z or +09:00, or give epoch seconds)")
+    return parsed.astimezone(UTC)
+
+
+def _count(value: Any, field: str) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            raise RowError(f"{field}: expected a whole number, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RowError(f"{field}: expected a whole number, got {value!r}")
+    if value < 0:
+        raise RowError(f"{field}: must be >= 0, got {value}")
+    return value
+
+
+def _seconds(value: Any, field: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise RowError(f"{field}: expected seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RowError(f"{field}: expected seconds, got {value!r}")
+    if value < 0:
+        raise RowError(f"{field}: must be >= 0, got {value}")
+    return float(value)
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise RowError(f"{field}: expected a string, got {type(value).__name__}")
+    if not value or len(value) > _MAX_TEXT or any(ord(ch) < 32 for ch in value):
+        raise RowError(f"{field}: must be 1-{_MAX_TEXT} characters without control characters")
+    return value
+
+
+def parse_record(fields: dict[str, Any], *, source: str, line: int, event_id: uuid.UUID) -> CallImported:
+    """Validate one row's fields (JSON values, or CSV strings) into a `call.imported` body."""
+    unknown = sorted(set(fields) - _KNOWN)
+    if unknown:
+        raise RowError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
+    for required in ("started_at", "input_tokens", "output_tokens"):
+        if fields.get(required) is None:
+            raise RowError(f"missing required field {required}")
+    started = _time(fields["started_at"], "started_at")
+    finished_raw, elapsed_raw = fields.get("finished_at"), fields.get("elapsed_s")
+    if finished_raw is None and elapsed_raw is None:
+        raise RowError("missing finished_at or elapsed_s (one is required)")
+    finished = _time(finished_raw, "finished_at") if finished_raw is not None else None
+    if elapsed_raw is not None:
+        by_elapsed = started + timedelta(seconds=_seconds(elapsed_raw, "elapsed_s"))
+        if finished is not None and abs((finished - by_elapsed).total_seconds()) > 0.001:
+            raise RowError("finished_at and elapsed_s disagree (give one of them)")
+        finished = finished or by_elapsed
+    assert finished is not None
+    if finished < started:
+        raise RowError("finished_at is before started_at")
+    tags_raw = fields.get("tags") or {}
+    if not isinstance(tags_raw, dict):
+        raise RowError("tags: expected an object of string values")
+    tags = {_text(k, "tags").lower(): _text(v, f"tags.{k}") for k, v in tags_raw.items()}
+    ticker = fields.get("ticker")
+    if ticker is not None:
+        ticker = _text(ticker, "ticker")
+        if tags.get("ticker", ticker) != ticker:
+            raise RowError("ticker and tags.ticker disagree")
+        tags["ticker"] = ticker
+    status_raw = fields.get("status") or "ok"
+    if status_raw not in ("ok", "error"):
+        raise RowError(f"status: expected ok or error, got {status_raw!r}")
+    status: Literal["ok", "error"] = "ok" if status_raw == "ok" else "error"
+    ttft = fields.get("ttft_s")
+    call_id = fields.get("call_id")
+    return CallImported(
+        call_id=_text(call_id, "call_id") if call_id is not None else f"imp-{event_id.hex}",
+        source=source,
+        line=line,
+        started_at=started,
+        finished_at=finished,
+        input_tokens=_count(fields["input_tokens"], "input_tokens"),
+        output_tokens=_count(fields["output_tokens"], "output_tokens"),
+        run=_text(fields["run"], "run") if fields.get("run") is not None else None,
+        tags=tags,
+        model=_text(fields["model"], "model") if fields.get("model") is not None else None,
+        ttft_s=_seconds(ttft, "ttft_s") if ttft is not None else None,
+        status=status,
+    )
+
+
+def _jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
+    """(line number, bytes consumed, fields or an error reason) per non-blank line."""
+    consumed = 0
+    for number, raw in enumerate(handle, start=1):
+        consumed += len(raw)
+        if not raw.strip():
+            continue
+        try:
+            value = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
+            yield number, consumed, f"invalid JSON: {exc}"
+            continue
+        yield number, consumed, value if isinstance(value, dict) else "expected a JSON object"
+
+
+def _csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+    reader = csv.reader(text)
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    consumed = 0
+    while True:
+        line = reader.line_num + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            yield line, consumed, f"invalid CSV: {exc}"
+            continue
+        consumed += sum(len(c) + 1 for c in cells)
+        if not any(c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            yield line, consumed, f"expected {len(header)} columns, got {len(cells)}"
+            continue
+        fields: dict[str, Any] = {}
+        tags: dict[str, str] = {}
+        for name, cell in zip(header, cells, strict=True):
+            if cell == "":
+                continue
+            if name.startswith("tag."):
+                tags[name[4:]] = cell
+            else:
+                fields[name] = cell
+        if tags:
+            fields["tags"] = tags
+        yield line, consumed, fields
+
+
+def detect_format(path: Path, given: str | None) -> Format:
+    if given in ("jsonl", "csv"):
+        return given  # type: ignore[return-value]
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    raise ProjectionError(f"{path}: cannot tell the format from the extension; pass --format jsonl or --format csv")
+
+
+def parse_file(
+    path: Path, *, fmt: str | None = None, source: str | None = None, progress: Progress | None = None
+) -> tuple[list[NewEvent], list[str], int]:
+    """(events, `file:line: reason` errors, rows seen) for one file."""
+    kind = detect_format(path, fmt)
+    source = source or path.name
+    total = os.path.getsize(path)
+    events: list[NewEvent] = []
+    errors: list[str] = []
+    seen: dict[bytes, int] = {}
+    call_lines: dict[str, int] = {}
+    rows = 0
+    with path.open("rb") as handle:
+        iterator = _jsonl_rows(handle) if kind == "jsonl" else _csv_rows(handle)
+        for line, consumed, fields in iterator:
+            rows += 1
+            if progress is not None and rows % 2000 == 0:
+                progress(consumed, total)
+            if isinstance(fields, str):
+                errors.append(f"{path}:{line}: {fields}")
+                continue
+            content = _canonical.encode(fields)
+            occurrence = seen.get(content, 0)
+            seen[content] = occurrence + 1
+            event_id = uuid.uuid5(_NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
+            try:
+                body = parse_record(fields, source=source, line=line, event_id=event_id)
+            except RowError as exc:
+                errors.append(f"{path}:{line}: {exc}")
+                continue
+            first = call_lines.setdefault(body.call_id, line)
+            if first != line:
+                errors.append(f"{path}:{line}: duplicate call_id {body.call_id!r} (first on line {first})")
+                continue
+            events.append(
+                new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
+            )
+    if progress is not None:
+        progress(total, total)
+    return events, errors, rows
+
+
+async def import_file(
+    database: Database,
+    path: str | Path,
+    *,
+    fmt: str | None = None,
+    source: str | None = None,
+    skip_invalid: bool = False,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Import one file in one transaction; raises `ImportFailed` on bad rows unless `skip_invalid`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProjectionError(f"{path}: no such file")
+    events, errors, rows = parse_file(path, fmt=fmt, source=source, progress=progress)
+    if errors and not skip_invalid:
+        raise ImportFailed(errors)
+    result = await append_events(database, events) if events else None
+    return ImportResult(
+        file=str(path),
+        source=source or path.name,
+        rows=rows,
+        appended=result.appended if result else 0,
+        duplicates=result.duplicates if result else 0,
+        invalid=len(errors),
+        errors=errors,
+    )
