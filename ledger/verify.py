@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import msgspec
 from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.chain import GENESIS_HASH, chain_hash
 from ledger.db import Database
 from ledger.events import decode_event, event_type
 from ledger.schema import events
 
-__all__ = ("ChainReport", "verify_chain")
+__all__ = ("ChainReport", "verify_chain", "verify_chain_on")
 
 
 class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,6 +31,15 @@ class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
 async def verify_chain(
     database: Database, page_size: int = 10_000, expect_head: tuple[int, str] | None = None
 ) -> ChainReport:
+    """Verify the whole chain in one read transaction (a consistent snapshot)."""
+    async with database.engine.connect() as conn:
+        return await verify_chain_on(conn, page_size, expect_head)
+
+
+async def verify_chain_on(
+    conn: AsyncConnection, page_size: int = 10_000, expect_head: tuple[int, str] | None = None
+) -> ChainReport:
+    """Verify the chain as `conn` sees it (tests use this to verify inside a rolled-back transaction)."""
     previous = GENESIS_HASH
     expected_position = 1
     checked = 0
@@ -44,12 +54,8 @@ async def verify_chain(
     )
     after = 0
     while True:
-        async with database.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(*columns).where(events.c.position > after).order_by(events.c.position).limit(page_size)
-                )
-            ).all()
+        query = select(*columns).where(events.c.position > after).order_by(events.c.position).limit(page_size)
+        rows = (await conn.execute(query)).all()
         for position, event_id, type_, stream, occurred_at, payload, stored_hash in rows:
             problem = None
             if position != expected_position:
