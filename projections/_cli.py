@@ -1,0 +1,381 @@
+"""The work behind the projections subcommands (each returns an exit code via `run_command`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from ledger.append import append_events
+from ledger.commands import run_command, settings_from_args
+from ledger.db import Database, open_database
+from ledger.errors import ConfigError
+from ledger.events import CallRetagged, RunAnnotated, new_event
+from ledger.log import configure_logging
+from ledger.migrate import require_head
+from ledger.settings import Settings
+from projections._output import print_rows
+from projections.callviews import get_call
+from projections.engine import (
+    PROJECTIONS,
+    catch_up_all,
+    follow_projections,
+    projection_status,
+    rebuild_projection,
+    set_formula,
+)
+from projections.errors import ImportFailed, ProjectionError
+from projections.export import export_calls, show_call, show_run
+from projections.importer import import_file
+from projections.reports import daily_report, parse_zone, recompute_report, runs_report, tickers_report, weekday_mean
+
+__all__ = (
+    "annotate_command",
+    "export_command",
+    "import_command",
+    "projections_run_command",
+    "projections_status_command",
+    "rebuild_command",
+    "recompute_command",
+    "report_command",
+    "retag_command",
+    "show_call_command",
+    "show_run_command",
+)
+
+_err = Console(stderr=True)
+_encoder = msgspec.json.Encoder()
+
+
+async def _open(settings: Settings) -> Database:
+    database = open_database(settings.database_url)
+    try:
+        await require_head(database)
+    except BaseException:
+        await database.dispose()
+        raise
+    return database
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = settings_from_args(args, "tz", "run_gap_s")
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
+
+
+class _Rate(ProgressColumn):
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} {self.unit}/s" if speed else "")
+
+
+def _progress(description: str, unit: str) -> Progress:
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} " + unit),
+        _Rate(unit),
+        TimeRemainingColumn(),
+        console=_err,
+        transient=True,
+        disable=not _err.is_terminal,
+    )
+
+
+def _advance(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE")
+        out[name.strip().lower()] = value
+    return out
+
+
+def _when(text: str, flag: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected ISO 8601 with an offset, e.g. 2026-03-01T00:00+09:00") from None
+    if value.tzinfo is None:
+        raise ConfigError(f"{flag} {text!r}: add a UTC offset (Z or +09:00)")
+    return value
+
+
+def import_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        failed = False
+        try:
+            for name in args.files:
+                with _progress(f"import {name}", "bytes") as bar:
+                    task = bar.add_task(name, total=None)
+                    try:
+                        result = await import_file(
+                            database,
+                            name,
+                            fmt=args.input_format,
+                            source=args.source,
+                            skip_invalid=args.skip_invalid,
+                            progress=_advance(bar, task),
+                        )
+                    except ImportFailed as exc:
+                        print(f"ledger: error: {name}: {exc}", file=sys.stderr)
+                        failed = True
+                        continue
+                for line in result.errors[:20]:
+                    print(f"skipped {line}", file=sys.stderr)
+                print(
+                    f"{name}: {result.rows} rows, {result.appended} calls imported, "
+                    f"{result.duplicates} already present, {result.invalid} invalid skipped"
+                )
+        finally:
+            await database.dispose()
+        return 2 if failed else 0
+
+    return run_command(main)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        zone = parse_zone(settings.tz)
+        database = await _open(settings)
+        try:
+            if args.kind == "runs":
+                rows: list[msgspec.Struct] = list(
+                    await runs_report(database, formula=args.formula, run=args.run, run_gap_s=settings.run_gap_s)
+                )
+            elif args.kind == "tickers":
+                rows = list(await tickers_report(database, run=args.run, run_gap_s=settings.run_gap_s))
+            else:
+                days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=settings.run_gap_s)
+                rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
+        finally:
+            await database.dispose()
+        title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
+        print_rows(rows, args.output_format, title=title, zone=zone)
+        return 0
+
+    return run_command(main)
+
+
+def rebuild_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        names = args.names or sorted(PROJECTIONS)
+        for name in names:
+            if name not in PROJECTIONS:
+                raise ProjectionError(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}")
+        database = await _open(settings)
+        try:
+            for name in names:
+                with _progress(f"rebuild {name}", "events") as bar:
+                    task = bar.add_task(name, total=None)
+                    promoted = await rebuild_projection(
+                        database,
+                        name,
+                        formula=args.formula if name == "calls" else None,
+                        keep_old=args.keep_old,
+                        progress=_advance(bar, task),
+                    )
+                print(
+                    f"{name}: version {promoted.version} promoted at position {promoted.head_position} "
+                    f"(formula {promoted.formula}, digest {promoted.digest})"
+                )
+        finally:
+            await database.dispose()
+        return 0
+
+    return run_command(main)
+
+
+def projections_run_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            if args.follow:
+                await follow_projections(database, asyncio.Event())
+            checkpoints = await catch_up_all(database)
+        finally:
+            await database.dispose()
+        for name, position in sorted(checkpoints.items()):
+            print(f"{name}: caught up to position {position}")
+        return 0
+
+    return run_command(main)
+
+
+def projections_status_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            rows = await projection_status(database)
+        finally:
+            await database.dispose()
+        print_rows(rows, args.output_format, title="projections")
+        return 0
+
+    return run_command(main)
+
+
+def recompute_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            rows = await recompute_report(database, args.formula, run_gap_s=settings.run_gap_s)
+            promoted = await set_formula(database, args.formula) if args.promote else None
+        finally:
+            await database.dispose()
+        print_rows(rows, args.output_format, title=f"recompute with {args.formula}")
+        if promoted is not None:
+            print(f"default formula is now {promoted.formula} (calls version {promoted.version})", file=sys.stderr)
+        return 0
+
+    return run_command(main)
+
+
+def annotate_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        labels = _pairs(args.label, "--label")
+        for key in ("hardware", "model", "kind"):
+            if getattr(args, key):
+                labels[key] = getattr(args, key)
+        if not labels:
+            raise ConfigError("nothing to annotate: give --hardware, --model, --kind or --label NAME=VALUE")
+        start = _when(args.start, "--from") if args.start else None
+        end = _when(args.end, "--to") if args.end else None
+        if args.end and args.run:
+            raise ConfigError("--to goes with --from, not with --run")
+        body = RunAnnotated(labels=labels, run=args.run, start=start, end=end)
+        stream = f"run-{args.run}" if args.run else "run-range"
+        database = await _open(settings)
+        try:
+            result = await append_events(database, [new_event(body, stream=stream)])
+        finally:
+            await database.dispose()
+        print(f"run.annotated appended at position {result.last_position}")
+        return 0
+
+    return run_command(main)
+
+
+def retag_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        tags = _pairs(args.tag, "--tag")
+        if args.run is None and not tags and not args.remove_tag:
+            raise ConfigError("nothing to change: give --run, --tag NAME=VALUE or --remove-tag NAME")
+        if not args.reason.strip():
+            raise ConfigError("--reason must say why the call is retagged")
+        database = await _open(settings)
+        try:
+            await get_call(database, args.call_id)
+            body = CallRetagged(
+                call_id=args.call_id, reason=args.reason, run=args.run, tags=tags, removed_tags=args.remove_tag
+            )
+            result = await append_events(database, [new_event(body, stream=f"call-{args.call_id}")])
+        finally:
+            await database.dispose()
+        print(f"call.retagged appended at position {result.last_position}")
+        return 0
+
+    return run_command(main)
+
+
+async def _export(database: Database, **kwargs: Any) -> int:
+    try:
+        return await export_calls(database, **kwargs)
+    except BrokenPipeError:  # `ledger export | head`: the reader has what it wanted
+        sys.stderr.close()
+        return -1
+
+
+def export_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            count = await _export(
+                database,
+                fmt=args.output_format,
+                run=args.run,
+                output=args.output,
+                stdout=sys.stdout.buffer,
+                run_gap_s=settings.run_gap_s,
+            )
+        finally:
+            await database.dispose()
+        if args.output:
+            print(f"{count} calls written to {args.output}", file=sys.stderr)
+        return 0
+
+    return run_command(main)
+
+
+def show_call_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
+            return 0
+        zone = ZoneInfo(settings.tz)
+        print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone)
+        for event in detail.events:
+            print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
+        for label, body in (("request", detail.request), ("response", detail.response)):
+            if body is not None:
+                print(f"--- {label} body ({body.blob}) ---")
+                print(body.text if body.text is not None else f"[{body.error}]")
+        return 0
+
+    return run_command(main)
+
+
+def show_run_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await _open(settings)
+        try:
+            detail = await show_run(database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s)
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
+            return 0
+        zone = parse_zone(settings.tz)
+        print_rows([detail.run], "table", title=f"run {args.run}", zone=zone)
+        print_rows(detail.tickers, "table", title="tickers")
+        return 0
+
+    return run_command(main)
