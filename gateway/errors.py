@@ -28,7 +28,7 @@ __all__ = (
 
 
 class GatewayError(Exception):
-    status = 500
+    status = 502
     kind = "gateway_error"
     code = "gateway_error"
 

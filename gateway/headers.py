@@ -150,8 +150,11 @@ def _connection_tokens(headers: Sequence[Header]) -> frozenset[bytes]:
 
 
 def forward_headers(headers: Sequence[Header]) -> list[Header]:
-    """Request headers for the upstream: hop-by-hop and `host` removed (the client sets its own)."""
-    drop = HOP_BY_HOP | _connection_tokens(headers) | {b"host"}
+    """Request headers for the upstream: hop-by-hop, `host`, `expect` and `content-length` removed.
+
+    The upstream client sets host and length itself (the length changes when usage is requested).
+    """
+    drop = HOP_BY_HOP | _connection_tokens(headers) | {b"host", b"expect", b"content-length"}
     return [(n, v) for n, v in headers if n not in drop]
 
 

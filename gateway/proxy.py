@@ -296,12 +296,13 @@ class _Call:
                     self.method, self.target, forward_headers(self.headers), self.upstream_body
                 )
             except UpstreamError as exc:
-                await self._failed(
-                    "connect" if exc.code == "upstream_unreachable" else "headers", exc.reason, exc.message, wait=True
-                )
-                self.status = exc.status
-                self.done = True
-                await _respond(send, exc.status, exc.body(), [self.id_header])
+                phase = "connect" if exc.code == "upstream_unreachable" else "headers"
+                await self._fail_before_response(send, exc, phase, exc.reason)
+                return
+            except Exception as exc:  # a bug or protocol error of ours: still a JSON answer and a record
+                log.exception("gateway_error", call_id=self.call_id)
+                error = GatewayError(f"the gateway failed to forward the request: {type(exc).__name__}")
+                await self._fail_before_response(send, error, "gateway", "gateway_error")
                 return
             await self._relay(response, send)
         except asyncio.CancelledError:
@@ -313,7 +314,7 @@ class _Call:
                 response = None
             await self._failed(
                 "stream" if self.info.stream else ("body" if self.status else "headers"),
-                "client_disconnected",
+                "upstream_error_in_stream" if self.stream_error else "client_disconnected",
                 "the client closed the connection; the upstream request was cancelled",
                 wait=False,
             )
@@ -321,6 +322,12 @@ class _Call:
             watcher.cancel()
             if response is not None:
                 await _close_quietly(response)
+
+    async def _fail_before_response(self, send: Send, exc: GatewayError, phase: str, reason: str) -> None:
+        self.status = exc.status
+        await self._failed(phase, reason, exc.message, wait=True)
+        self.done = True
+        await _respond(send, exc.status, exc.body(), [self.id_header])
 
     async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
         while True:

@@ -1,0 +1,103 @@
+"""Real processes on loopback ports for end-to-end tests: `ledger emulate` and `ledger serve`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+LEDGER = str(Path(sys.executable).parent / "ledger")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Process:
+    def __init__(self, args: Sequence[str], health_url: str, log: Path, env: dict[str, str] | None = None) -> None:
+        self.args = list(args)
+        self.health_url = health_url
+        self.log_path = log
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 20.0) -> Process:
+        self.log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.args} exited {self.proc.returncode}:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(self.health_url, timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.args} not healthy in {timeout_s}s:\n{self.log_path.read_text()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        self.log.close()
+
+
+def emulator(tmp: Path, *extra: str) -> Process:
+    port = free_port()
+    args = [
+        LEDGER,
+        "emulate",
+        "--port",
+        str(port),
+        "--profile",
+        "moe",
+        "--speed",
+        "20",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+    proc = Process(args, f"http://127.0.0.1:{port}/health", tmp / f"emulator-{port}.log")
+    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return proc
+
+
+def upgrade(db_url: str) -> None:
+    subprocess.run([LEDGER, "db", "upgrade", "--db", db_url], check=True, capture_output=True)
+
+
+def gateway(tmp: Path, upstream: str, db_url: str, *extra: str, port: int | None = None) -> Process:
+    port = port or free_port()
+    args = [
+        LEDGER,
+        "serve",
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+        "--db",
+        db_url,
+        "--spool-dir",
+        str(tmp / "spool"),
+        *extra,
+    ]
+    proc = Process(
+        args, f"http://127.0.0.1:{port}/_ledger/health", tmp / f"gateway-{port}.log", env={"LEDGER_LOG_FORMAT": "json"}
+    )
+    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    proc.port = port  # type: ignore[attr-defined]
+    return proc
