@@ -56,7 +56,7 @@ class Process:
         self.log.close()
 
 
-def emulator(tmp: Path, *extra: str) -> Process:
+def emulator(tmp: Path, *extra: str, speed: float = 20) -> Process:
     port = free_port()
     args = [
         LEDGER,
@@ -66,7 +66,7 @@ def emulator(tmp: Path, *extra: str) -> Process:
         "--profile",
         "moe",
         "--speed",
-        "20",
+        str(speed),
         "--log-level",
         "warning",
         *extra,
