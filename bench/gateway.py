@@ -1,0 +1,195 @@
+"""Gateway overhead: the same workload direct to the emulator and through `ledger serve`, in one run.
+
+    .venv/bin/python bench/gateway.py [--rounds 3] [--calls 400] [--streams 14] [--tokens 400] [--rss-calls 5000]
+
+Starts `ledger emulate` and `ledger serve` (SQLite ledger in a temp dir, strict durability,
+recording on) as processes, then measures, alternating direct and gateway in each round:
+  - non-stream latency (max_tokens=1, sequential): median and p99; added = gateway - direct
+  - TTFT of a stream (sequential): median; added = gateway - direct
+  - streamed chunks/s with N concurrent streams of a fixed length; ratio gateway / direct
+  - gateway CPU (utime+stime from /proc) per relayed chunk during the stream phase
+  - gateway RSS before and after --rss-calls calls
+Prints a JSON summary (medians over rounds). Never used as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+LEDGER = str(Path(sys.executable).parent / "ledger")
+MODEL = "emulator-moe"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(400):
+        if proc.poll() is not None:
+            raise SystemExit(f"process exited: {proc.args}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"not healthy: {url}")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def chat(stream: bool, tokens: int, i: int) -> dict[str, object]:
+    body: dict[str, object] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"benchmark call {i}"}],
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "stream": stream,
+    }
+    return body
+
+
+async def latency(client: httpx.AsyncClient, base: str, calls: int) -> list[float]:
+    out = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        resp = await client.post(base + "/v1/chat/completions", json=chat(False, 1, i))
+        resp.read()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+async def ttft(client: httpx.AsyncClient, base: str, calls: int) -> list[float]:
+    out = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        first = None
+        async with client.stream("POST", base + "/v1/chat/completions", json=chat(True, 4, i)) as resp:
+            async for line in resp.aiter_lines():
+                if first is None and '"content":"' in line and '"content":""' not in line:
+                    first = time.perf_counter() - t0
+        out.append(first or 0.0)
+    return out
+
+
+async def throughput(client: httpx.AsyncClient, base: str, streams: int, tokens: int) -> tuple[float, int]:
+    counts = [0] * streams
+
+    async def one(i: int) -> None:
+        async with client.stream("POST", base + "/v1/chat/completions", json=chat(True, tokens, i)) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data: {"):
+                    counts[i] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(streams)))
+    elapsed = time.perf_counter() - t0
+    return sum(counts) / elapsed, sum(counts)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gw-"))
+    db = f"sqlite:///{tmp / 'ledger.db'}"
+    subprocess.run([LEDGER, "db", "upgrade", "--db", db], check=True, capture_output=True)
+    emu_port, gw_port = free_port(), free_port()
+    env = {**os.environ, "LEDGER_LOG_LEVEL": "warning"}
+    emu = subprocess.Popen(
+        [LEDGER, "emulate", "--port", str(emu_port), "--speed", str(args.speed), "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    gw = subprocess.Popen(
+        [LEDGER, "serve", "--upstream", f"http://127.0.0.1:{emu_port}", "--port", str(gw_port), "--db", db,
+         "--spool-dir", str(tmp / "spool"), "--durability", args.durability],
+        stdout=subprocess.DEVNULL, stderr=open(tmp / "gateway.log", "wb"), env=env,
+    )
+    direct, via = f"http://127.0.0.1:{emu_port}", f"http://127.0.0.1:{gw_port}"
+    try:
+        wait_healthy(direct + "/health", emu)
+        wait_healthy(via + "/_ledger/health", gw)
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            await latency(client, direct, 50)
+            await latency(client, via, 50)
+            rounds = []
+            for _ in range(args.rounds):
+                r: dict[str, float] = {}
+                d_lat, g_lat = await latency(client, direct, args.calls), await latency(client, via, args.calls)
+                r["added_latency_median_ms"] = (statistics.median(g_lat) - statistics.median(d_lat)) * 1000
+                r["added_latency_p99_ms"] = (pct(g_lat, 0.99) - pct(d_lat, 0.99)) * 1000
+                r["direct_latency_median_ms"] = statistics.median(d_lat) * 1000
+                d_tt, g_tt = await ttft(client, direct, args.calls // 4), await ttft(client, via, args.calls // 4)
+                r["added_ttft_median_ms"] = (statistics.median(g_tt) - statistics.median(d_tt)) * 1000
+                d_cps, _ = await throughput(client, direct, args.streams, args.tokens)
+                cpu0 = cpu_seconds(gw.pid)
+                g_cps, chunks = await throughput(client, via, args.streams, args.tokens)
+                cpu1 = cpu_seconds(gw.pid)
+                r["direct_chunks_per_s"] = d_cps
+                r["gateway_chunks_per_s"] = g_cps
+                r["chunks_ratio"] = g_cps / d_cps
+                r["gateway_cpu_us_per_chunk"] = (cpu1 - cpu0) / chunks * 1e6
+                rounds.append(r)
+            rss_before = rss_mib(gw.pid)
+            sem = asyncio.Semaphore(14)
+
+            async def one(i: int) -> None:
+                async with sem:
+                    (await client.post(via + "/v1/chat/completions", json=chat(i % 2 == 0, 2, i))).read()
+
+            await asyncio.gather(*(one(i) for i in range(args.rss_calls)))
+            rss_after = rss_mib(gw.pid)
+    finally:
+        for proc in (gw, emu):
+            proc.terminate()
+            proc.wait(timeout=60)
+    summary: dict[str, object] = {
+        key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]
+    }
+    summary.update(
+        rounds=args.rounds, calls=args.calls, streams=args.streams, tokens=args.tokens, speed=args.speed,
+        durability=args.durability, rss_calls=args.rss_calls,
+        rss_mib_before=round(rss_before, 1), rss_mib_after=round(rss_after, 1), cpus=os.cpu_count(),
+    )
+    return summary
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--streams", type=int, default=14)
+    parser.add_argument("--tokens", type=int, default=400)
+    parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument("--durability", choices=("strict", "async"), default="strict")
+    parser.add_argument("--rss-calls", type=int, default=5000)
+    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))
