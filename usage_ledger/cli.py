@@ -1,15 +1,24 @@
-"""The `ledger` command: each package contributes its subcommands; no logic lives here."""
+"""The `ledger` command: each package contributes its subcommands; no logic lives here.
+
+This is the composition root: the only module that knows every package, so it is where the
+gateway gets the projections' follower and read API.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
 
 from emulator import commands as emulator_commands
 from gateway import commands as gateway_commands
 from ledger import commands as ledger_commands
 from projections import commands as projections_commands
+from projections.engine import follow_projections
 
 __all__ = ("build_parser", "main")
 
@@ -20,9 +29,43 @@ def build_parser() -> argparse.ArgumentParser:
         description="usage-ledger: a byte-transparent gateway and an immutable usage ledger for LLM servers.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (ledger_commands, gateway_commands, projections_commands, emulator_commands):
-        module.register(sub)
+    ledger_commands.register(sub)
+    gateway_commands.register(sub, background=(follow_projections,))
+    projections_commands.register(sub)
+    emulator_commands.register(sub)
+    _register_demo(sub)
     return parser
+
+
+def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="emulator + gateway + a seed-shaped batch, then the reports")
+    demo.add_argument(
+        "--db-file", default="ledger-demo.db", help="SQLite file to (re)create (default ./ledger-demo.db)"
+    )
+    demo.add_argument("--tickers", type=int, default=100, help="tickers per run (default 100)")
+    demo.add_argument("--steps", type=int, default=17, help="calls per ticker (default 17)")
+    demo.add_argument("--speed", type=float, default=400.0, help="emulator clock speed-up (default 400)")
+    demo.add_argument("--tz", default="Asia/Seoul", help="zone for the daily table (default Asia/Seoul)")
+    demo.add_argument("--keep-running", action="store_true", help="leave the last gateway and emulator up")
+    demo.set_defaults(func=_demo)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from usage_ledger.demo import DemoOptions, run_demo
+
+    if not 1 <= args.tickers <= 100 or args.steps < 1 or args.speed <= 0:
+        print("ledger demo: --tickers must be 1..100, --steps ≥ 1 and --speed > 0", file=sys.stderr)
+        return 2
+    options = DemoOptions(
+        db_path=Path(args.db_file).resolve(),
+        tickers=args.tickers,
+        steps=args.steps,
+        speed=args.speed,
+        tz=args.tz,
+        keep_running=args.keep_running,
+    )
+    os.environ.setdefault("LEDGER_LOG_LEVEL", "warning")
+    return ledger_commands.run_command(lambda: run_demo(options, Console()))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

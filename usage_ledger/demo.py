@@ -1,0 +1,312 @@
+"""`ledger demo`: the emulator, the gateway and a seed-shaped batch, then the reports.
+
+Two runs of `tickers × steps` calls go through the real gateway into an embedded SQLite ledger:
+the `moe` profile with 14 concurrent workers, then `dense` with 3. The emulator runs `--speed`
+times faster than a real GPU, so the ledger records compressed wall-clock time; the demo reads
+the emulator's clock to show what the same run took in emulated GPU time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ledger.db import Database, open_database
+from ledger.migrate import upgrade_database
+from ledger.verify import verify_chain
+from projections.engine import catch_up_all
+from projections.reports import daily_report, runs_report, tickers_report
+from projections.rows import DailyRow, RunRow, TickerRow
+from usage_ledger.processes import Child, free_port, start_child
+from usage_ledger.workload import TICKERS, WorkloadResult, run_workload
+
+__all__ = ("DemoOptions", "DemoRun", "run_demo")
+
+
+class DemoOptions(msgspec.Struct, frozen=True, kw_only=True):
+    db_path: Path
+    tickers: int = 100
+    steps: int = 17
+    speed: float = 400.0
+    tz: str = "Asia/Seoul"
+    keep_running: bool = False
+
+
+class DemoRun(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    profile: str
+    model: str
+    concurrency: int
+    result: WorkloadResult
+    wall_s: float
+    emulated_s: float
+
+    @property
+    def effective_speed(self) -> float:
+        return self.emulated_s / self.wall_s if self.wall_s > 0 else 1.0
+
+
+PLAN = (("moe", "qwen3-30b-a3b-moe", 14), ("dense", "qwen3-27b-dense", 3))
+
+
+async def run_demo(options: DemoOptions, console: Console) -> int:
+    for suffix in ("", "-wal", "-shm"):  # a fresh demo ledger each time
+        await asyncio.to_thread(Path(f"{options.db_path}{suffix}").unlink, missing_ok=True)
+    url = f"sqlite:///{options.db_path}"
+    database = open_database(url)
+    await upgrade_database(database)
+    tickers = list(TICKERS[: options.tickers])
+    stamp = time.strftime("%Y%m%d-%H%M")
+    runs: list[DemoRun] = []
+    with tempfile.TemporaryDirectory(prefix="ledger-demo-") as tmp:
+        work = Path(tmp)
+        for profile, model, concurrency in PLAN:
+            run_name = f"{profile}-{stamp}"
+            keep = options.keep_running and profile == PLAN[-1][0]
+            runs.append(
+                await _one_run(options, url, work, profile, model, concurrency, run_name, tickers, console, keep)
+            )
+    await catch_up_all(database)
+    _print_reports(options, runs, await _reports(database, options.tz), console)
+    report = await verify_chain(database)
+    await database.dispose()
+    if report.ok:
+        console.print(f"[green]ledger verify: chain intact[/] ({report.checked} events, head {report.head_hash[:16]}…)")
+    else:
+        console.print(f"[red]ledger verify: BROKEN at {report.first_bad_position}: {report.problem}[/]")
+    console.print(f"\nThe ledger is in [bold]{options.db_path}[/]. Explore it:")
+    console.print(
+        f"  ledger report runs --db {url} --formula per_call_mean\n  ledger show run {runs[0].run} --db {url}"
+    )
+    return 0 if report.ok else 1
+
+
+async def _one_run(
+    options: DemoOptions,
+    url: str,
+    work: Path,
+    profile: str,
+    model: str,
+    concurrency: int,
+    run_name: str,
+    tickers: list[str],
+    console: Console,
+    keep: bool,
+) -> DemoRun:
+    emulator_port, gateway_port = free_port(), free_port()
+    emulator_url = f"http://127.0.0.1:{emulator_port}"
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    children: list[Child] = []
+    try:
+        children.append(
+            await start_child(
+                f"emulator-{profile}",
+                [
+                    "-m",
+                    "emulator",
+                    "--port",
+                    str(emulator_port),
+                    "--profile",
+                    profile,
+                    "--speed",
+                    str(options.speed),
+                    "--model",
+                    model,
+                    "--log-level",
+                    "warning",
+                ],
+                f"{emulator_url}/health",
+                work,
+            )
+        )
+        children.append(
+            await start_child(
+                f"gateway-{profile}",
+                [
+                    "-m",
+                    "usage_ledger.cli",
+                    "serve",
+                    "--upstream",
+                    emulator_url,
+                    "--port",
+                    str(gateway_port),
+                    "--db",
+                    url,
+                    "--spool-dir",
+                    str(work / f"spool-{profile}"),
+                ],
+                f"{gateway_url}/_ledger/health",
+                work,
+            )
+        )
+        total = len(tickers) * options.steps
+        with Progress(
+            TextColumn(f"[bold]{run_name}[/] ({profile}, {concurrency} workers)"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[tokens]:,} output tokens"),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            task = progress.add_task("calls", total=total, tokens=0)
+            tokens = 0
+
+            def on_call(completion_tokens: int) -> None:
+                nonlocal tokens
+                tokens += completion_tokens
+                progress.update(task, advance=1, tokens=tokens)
+
+            emulated_start, real_start = await _clock(emulator_url), time.monotonic()
+            result = await run_workload(
+                gateway_url,
+                run=run_name,
+                tickers=tickers,
+                steps=options.steps,
+                concurrency=concurrency,
+                model=model,
+                on_call=on_call,
+            )
+            emulated_end, real_end = await _clock(emulator_url), time.monotonic()
+        if keep:
+            console.print(f"gateway {gateway_url} → emulator {emulator_url} keep running; Ctrl-C to stop.")
+            await _wait_forever()
+        return DemoRun(
+            run=run_name,
+            profile=profile,
+            model=model,
+            concurrency=concurrency,
+            result=result,
+            wall_s=real_end - real_start,
+            emulated_s=emulated_end - emulated_start,
+        )
+    finally:
+        for child in reversed(children):
+            await child.stop()
+
+
+async def _clock(emulator_url: str) -> float:
+    async with httpx.AsyncClient() as client:
+        now: float = (await client.get(f"{emulator_url}/emulator/clock")).json()["now"]
+        return now
+
+
+async def _wait_forever() -> None:
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.Event().wait()
+
+
+class _Reports(msgspec.Struct, frozen=True):
+    aggregate: list[RunRow]
+    per_call: list[RunRow]
+    tickers: list[TickerRow]
+    daily: list[DailyRow]
+    daily_utc: list[DailyRow]
+
+
+async def _reports(database: Database, tz: str) -> _Reports:
+    return _Reports(
+        await runs_report(database, formula="batch_aggregate"),
+        await runs_report(database, formula="per_call_mean"),
+        await tickers_report(database),
+        await daily_report(database, tz=tz),
+        await daily_report(database, tz="UTC"),
+    )
+
+
+def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports, console: Console) -> None:
+    by_run = {run.run: run for run in runs}
+    recorded = Table(title="Runs, as the ledger recorded them")
+    for column in (
+        "run",
+        "calls",
+        "failed",
+        "tickers",
+        "input tok",
+        "output tok",
+        "wall s",
+        "aggregate t/s",
+        "per-call t/s",
+    ):
+        recorded.add_column(column, justify="left" if column == "run" else "right")
+    emulated = Table(title=f"The same runs in emulated GPU time (the emulator ran at ≈{options.speed:g}× real time)")
+    for column in ("run", "speed", "wall", "aggregate t/s", "per-call t/s", "seed measured"):
+        emulated.add_column(column, justify="left" if column == "run" else "right")
+    for aggregate, per_call in zip(reports.aggregate, reports.per_call, strict=True):
+        recorded.add_row(
+            aggregate.run,
+            f"{aggregate.calls:,}",
+            f"{aggregate.failed_calls:,}",
+            f"{aggregate.tickers:,}",
+            _tokens(aggregate.input_tokens),
+            _tokens(aggregate.output_tokens),
+            _num(aggregate.wall_s, 1),
+            _num(aggregate.throughput_tps, 0),
+            _num(per_call.throughput_tps, 0),
+        )
+        demo = by_run.get(aggregate.run)
+        if demo is None or aggregate.wall_s is None:
+            continue
+        speed = demo.effective_speed
+        emulated.add_row(
+            aggregate.run,
+            f"{speed:,.0f}×",
+            _duration(aggregate.wall_s * speed),
+            _num(_scaled(aggregate.throughput_tps, speed), 0),
+            _num(_scaled(per_call.throughput_tps, speed), 1),
+            SEED_TPS[demo.profile],
+        )
+    console.print(recorded)
+    console.print(emulated)
+    console.print(
+        "aggregate = Σ output tokens ÷ (last call end − first call start): what the server delivered.\n"
+        "per-call = mean of each call's tokens ÷ its own duration: under continuous batching calls share the GPU,\n"
+        "so it describes one request's speed, not the box's throughput (ledger report runs --formula NAME)."
+    )
+    top = Table(title="Top tickers by output tokens")
+    for column in ("run", "ticker", "calls", "input tok", "output tok"):
+        top.add_column(column, justify="left" if column in ("run", "ticker") else "right")
+    for row in sorted(reports.tickers, key=lambda r: -r.output_tokens)[:8]:
+        top.add_row(row.run, row.ticker, str(row.calls), _tokens(row.input_tokens), _tokens(row.output_tokens))
+    console.print(top)
+    for title, rows in ((f"Daily totals ({options.tz})", reports.daily), ("Daily totals (UTC)", reports.daily_utc)):
+        daily = Table(title=title)
+        for column in ("day", "calls", "failed", "input tok", "output tok"):
+            daily.add_column(column, justify="left" if column == "day" else "right")
+        for day in rows:
+            daily.add_row(
+                day.day,
+                f"{day.calls:,}",
+                f"{day.failed_calls:,}",
+                _tokens(day.input_tokens),
+                _tokens(day.output_tokens),
+            )
+        console.print(daily)
+
+
+SEED_TPS = {"moe": "911 (46 min)", "dense": "118 (6 h 18 min)"}
+
+
+def _scaled(tps: float | None, speed: float) -> float | None:
+    return None if tps is None or speed <= 0 else tps / speed
+
+
+def _tokens(count: int) -> str:
+    return f"{count / 1e6:,.2f}M" if count >= 1_000_000 else f"{count:,}"
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
+
+
+def _num(value: float | None, digits: int, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:,.{digits}f}{suffix}"

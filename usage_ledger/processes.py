@@ -1,0 +1,62 @@
+"""Child processes on loopback ports (the emulator, the gateway), started and stopped cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+__all__ = ("Child", "free_port", "start_child")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Child:
+    """A running child process; `stop()` sends SIGINT (a graceful shutdown), then SIGKILL."""
+
+    def __init__(self, name: str, process: asyncio.subprocess.Process, log_path: Path) -> None:
+        self.name = name
+        self.process = process
+        self.log_path = log_path
+
+    async def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout_s)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+
+
+async def start_child(name: str, args: Sequence[str], ready_url: str, log_dir: Path, timeout_s: float = 30.0) -> Child:
+    """Start `python args...` and wait until `ready_url` answers 200; output goes to `log_dir/name.log`."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *args, stdout=log, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL
+        )
+    child = Child(name, process, log_path)
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=1.0) as client:
+        while time.monotonic() < deadline and process.returncode is None:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(ready_url)).status_code == 200:
+                    return child
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), 0.1)
+    await child.stop()
+    raise RuntimeError(f"{name} did not become ready at {ready_url} (exit code {process.returncode}); see {log_path}")
