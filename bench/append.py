@@ -226,4 +226,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import uvloop  # the loop `ledger serve` runs on
+
+    uvloop.run(main())

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from ledger.errors import ConfigError
+from ledger.sqlite_append import SqliteAppender
 
 __all__ = ("Database", "async_url", "open_database")
 
@@ -32,6 +33,7 @@ class Database:
     engine: AsyncEngine
     backend: Backend
     url: str
+    sqlite_appender: SqliteAppender | None = None
 
     async def writer(self) -> AsyncConnection:
         """A connection whose transactions take the append lock up front (SQLite BEGIN IMMEDIATE)."""
@@ -39,6 +41,8 @@ class Database:
         return await conn.execution_options(**{WRITER_OPTION: True})
 
     async def dispose(self) -> None:
+        if self.sqlite_appender is not None:
+            self.sqlite_appender.close()
         await self.engine.dispose()
 
 
@@ -70,9 +74,11 @@ def open_database(url: str, *, null_pool: bool = False, **engine_kwargs: Any) ->
     if backend == "sqlite":
         kwargs.setdefault("connect_args", {}).setdefault("timeout", 30)
     engine = create_async_engine(driver_url, **kwargs)
+    appender = None
     if backend == "sqlite":
         _install_sqlite_hooks(engine)
-    return Database(engine=engine, backend=backend, url=url)
+        appender = SqliteAppender(make_url(driver_url).database or ":memory:")
+    return Database(engine=engine, backend=backend, url=url, sqlite_appender=appender)
 
 
 def _install_sqlite_hooks(engine: AsyncEngine) -> None:

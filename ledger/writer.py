@@ -165,7 +165,9 @@ class EventWriter:
 
     async def _write(self, batch: list[_Entry]) -> None:
         events = [event for entry in batch for event in entry.events]
-        blobs = self._prepare([entry.bodies for entry in batch])
+        bodies = [entry.bodies for entry in batch if entry.bodies]
+        # zstd releases the GIL: compress on a worker thread, not on the proxy's event loop
+        blobs = await asyncio.to_thread(self._prepare, bodies) if bodies else []
         outcome: Durable
         try:
             if self._spooling and not await self._try_replay():

@@ -1,0 +1,117 @@
+"""SQLite appends on a dedicated thread, one round trip per batch.
+
+Through aiosqlite every statement is a hop to its thread and back through the event loop; a busy
+gateway loop then stretched one append into many loop turns. Here the whole transaction — blobs,
+duplicate check, tail, inserts, commit — runs in one call on the appender's own thread with the
+standard `sqlite3` module (which releases the GIL while SQLite works).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from ledger._rows import EVENT_COLUMNS, build_rows, sqlite_time
+from ledger.blobs import PreparedBlob
+from ledger.errors import DatabaseUnavailable, LedgerError
+from ledger.events import NewEvent
+
+__all__ = ("SqliteAppender",)
+
+_INSERT_EVENTS = (
+    f"INSERT INTO ledger_events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
+)
+_INSERT_BLOBS = (
+    "INSERT INTO ledger_blobs (hash, size, codec, stored_size, content, created_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (hash) DO NOTHING"
+)
+
+
+class SqliteAppender:
+    """Owns one `sqlite3` connection on one thread; `append` runs a whole batch there."""
+
+    def __init__(self, path: str, synchronous: str = "FULL") -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite-append")
+        self._conn: sqlite3.Connection | None = None
+
+    async def append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        """(appended, duplicates, last position); raises DatabaseUnavailable / LedgerError."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._append, batch, blobs, recorded_at)
+
+    def close(self) -> None:
+        def close_connection() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        self._executor.submit(close_connection).result()
+        self._executor.shutdown(wait=True)
+
+    # -- on the appender thread ---------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute("PRAGMA busy_timeout=30000")
+            self._conn = conn
+        return self._conn
+
+    def _append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        try:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            self._reset()
+            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        try:
+            if blobs:
+                created = sqlite_time(recorded_at)
+                conn.executemany(
+                    _INSERT_BLOBS, [(b.hash, b.size, b.codec, len(b.content), b.content, created) for b in blobs]
+                )
+            existing = self._existing(conn, [e.event_id for e in batch])
+            tail = conn.execute("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1").fetchone()
+            position, previous = (int(tail[0]), bytes.fromhex(tail[1])) if tail else (0, bytes(32))
+            rows, last = build_rows(batch, existing, position, previous, recorded_at, sqlite=True)
+            if rows:
+                conn.executemany(_INSERT_EVENTS, rows)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._reset()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"append to SQLite ledger {self.path} failed: {exc}") from exc
+            raise
+        return len(rows), len(batch) - len(rows), last
+
+    def _existing(self, conn: sqlite3.Connection, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        found: set[uuid.UUID] = set()
+        for start in range(0, len(ids), 500):
+            chunk = [i.hex for i in ids[start : start + 500]]
+            marks = ", ".join("?" * len(chunk))
+            cursor = conn.execute(f"SELECT event_id FROM ledger_events WHERE event_id IN ({marks})", chunk)
+            found.update(uuid.UUID(row[0]) for row in cursor)
+        return found
+
+    def _reset(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
