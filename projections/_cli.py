@@ -52,7 +52,6 @@ __all__ = (
     "show_run_command",
 )
 
-_err = Console(stderr=True)
 _encoder = msgspec.json.Encoder()
 
 
@@ -83,15 +82,16 @@ class _Rate(ProgressColumn):
 
 
 def _progress(description: str, unit: str) -> Progress:
+    console = Console(stderr=True)
     return Progress(
         TextColumn(description),
         BarColumn(),
         TextColumn("{task.completed:,.0f}/{task.total:,.0f} " + unit),
         _Rate(unit),
         TimeRemainingColumn(),
-        console=_err,
+        console=console,
         transient=True,
-        disable=not _err.is_terminal,
+        disable=not console.is_terminal,
     )
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from projections._slim import SFailed, SFinished, SImported, SRetagged, SStarted, decode_slim
@@ -38,6 +38,20 @@ _tags_decoder = msgspec.json.Decoder(dict[str, str])
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
 FAILED_STATUSES = ("error", "failed")
+_SQLITE_UPSERT = (
+    f"INSERT INTO {calls.name} ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))}) "
+    f"ON CONFLICT (version, call_id) DO UPDATE SET "
+    + ", ".join(f"{name} = excluded.{name}" for name in CALL_COLUMNS if name not in ("version", "call_id"))
+)
+
+
+def _sqlite_value(value: Any) -> Any:
+    """What `UTCDateTime` would bind on SQLite: naive UTC, microsecond text."""
+    if isinstance(value, datetime):
+        if value.utcoffset():
+            value = value.astimezone(UTC)
+        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+    return value
 
 
 def call_status_failed(status: str) -> bool:
@@ -202,7 +216,15 @@ class CallsProjection:
         return found
 
     async def _upsert(self, conn: AsyncConnection, rows: list[Row]) -> None:
-        dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+        if not rows:
+            return
+        if conn.dialect.name == "sqlite":
+            # Fast path: one executemany of plain tuples (datetimes in SQLAlchemy's SQLite storage
+            # format), skipping per-row parameter processing; several times faster on big rebuilds.
+            params = [tuple(_sqlite_value(row[name]) for name in CALL_COLUMNS) for row in rows]
+            await conn.exec_driver_sql(_SQLITE_UPSERT, params)
+            return
+        dialect = postgresql
         statement = dialect.insert(calls)
         statement = statement.on_conflict_do_update(
             index_elements=[calls.c.version, calls.c.call_id],

@@ -50,7 +50,6 @@ __all__ = (
     "set_formula",
 )
 
-log = structlog.get_logger("projections.engine")
 Progress = Callable[[int, int], None]
 _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 
@@ -259,7 +258,9 @@ async def promote_version(database: Database, name: str, version: int, formula: 
             .where(versions.c.name == name)
             .values(live_version=version, formula=formula, head_position=position, digest=digest, promoted_at=utc_now())
         )
-    log.info("projection_promoted", name=name, version=version, formula=formula, position=position, digest=digest)
+    structlog.get_logger("projections.engine").info(
+        "projection_promoted", name=name, version=version, formula=formula, position=position, digest=digest
+    )
     return body
 
 
@@ -320,10 +321,10 @@ async def follow_projections(database: Database, wake: asyncio.Event, *, poll_in
             await catch_up_all(database)
             delay = poll_interval_s
         except DatabaseUnavailable as exc:
-            log.warning("projections_database_unavailable", error=str(exc))
+            structlog.get_logger("projections.engine").warning("projections_database_unavailable", error=str(exc))
             delay = min(delay * 2, 30.0)
         except LedgerError as exc:
-            log.error("projections_catch_up_failed", error=str(exc))
+            structlog.get_logger("projections.engine").error("projections_catch_up_failed", error=str(exc))
             delay = min(delay * 2, 30.0)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), delay)

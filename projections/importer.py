@@ -195,7 +195,13 @@ def _jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str,
 
 def _csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
     text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
-    reader = csv.reader(text)
+    try:
+        yield from _csv_records(csv.reader(text))
+    finally:
+        text.detach()  # the caller owns (and closes) the binary handle
+
+
+def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
     try:
         header = next(reader)
     except StopIteration:

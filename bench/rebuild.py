@@ -1,0 +1,146 @@
+"""Benchmark: full rebuild of the calls projection vs a plain scan of the events table.
+
+    .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep]
+
+Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
+unless the database already holds them (--keep reuses it), then times:
+
+- scan (iter_events): every event through the ledger's reader (what any consumer must pay);
+- scan (raw columns): SELECT position, type, payload over the whole table;
+- rebuild: `rebuild_projection("calls")` from position 0 into a new version, digest, promote;
+
+and peak RSS. Prints a Markdown row for docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import select
+
+from ledger.append import append_events
+from ledger.db import open_database
+from ledger.events import CallFinished, CallStarted, Timings, Usage, new_event
+from ledger.migrate import upgrade_database
+from ledger.read import head_position, iter_events
+from ledger.schema import events
+from projections.engine import rebuild_projection
+
+T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
+
+
+def _batch(first: int, count: int) -> list:  # type: ignore[type-arg]
+    out = []
+    for i in range(first, first + count):
+        lane, slot = i % 14, i // 14
+        t0 = T0 + timedelta(seconds=slot * 25.0 + lane * 0.01)
+        t1 = t0 + timedelta(seconds=24.0)
+        cid = f"bench-{i:08d}"
+        run = f"night-{i // 1700:05d}"
+        start = CallStarted(
+            call_id=cid,
+            received_at=t0,
+            method="POST",
+            path="/v1/chat/completions",
+            run=run,
+            tags={"ticker": f"T{(i % 1700) // 17:03d}"},
+            model="moe",
+            stream=True,
+        )
+        timings = Timings(
+            received=t0,
+            upstream_headers=t0 + timedelta(seconds=0.2),
+            first_token=t0 + timedelta(seconds=1.5),
+            last_token=t1 - timedelta(seconds=0.01),
+            finished=t1,
+        )
+        usage = Usage(prompt_tokens=10_800 + i % 97, completion_tokens=1_470 + i % 31, total_tokens=12_270)
+        finish = CallFinished(call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings)
+        out.append(new_event(start, stream=f"call-{cid}", occurred_at=t0))
+        out.append((i, new_event(finish, stream=f"call-{cid}", occurred_at=t1)))
+    # finishes land 14 calls later, like overlapping calls do
+    starts = [e for e in out if not isinstance(e, tuple)]
+    finishes = [e[1] for e in out if isinstance(e, tuple)]
+    merged = []
+    for k, s in enumerate(starts):
+        merged.append(s)
+        if k >= 14:
+            merged.append(finishes[k - 14])
+    merged.extend(finishes[max(0, len(starts) - 14) :])
+    return merged
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=1_000_000)
+    parser.add_argument("--db", default="sqlite:///bench-rebuild.db")
+    parser.add_argument("--keep", action="store_true", help="reuse an existing database of the same size")
+    args = parser.parse_args()
+    if args.db.startswith("sqlite:///") and not args.keep:
+        for suffix in ("", "-wal", "-shm"):
+            Path(args.db[len("sqlite:///") :] + suffix).unlink(missing_ok=True)  # noqa: ASYNC240 - set-up before timing
+    database = open_database(args.db)
+    await upgrade_database(database)
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+    if head < 2 * args.calls:
+        t = time.perf_counter()
+        chunk = 10_000
+        for first in range(head // 2, args.calls, chunk):
+            await append_events(database, _batch(first, min(chunk, args.calls - first)))
+        print(f"generated {2 * args.calls:,} events in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+
+    t = time.perf_counter()
+    n = 0
+    async for _ in iter_events(database, 0, 20_000):
+        n += 1
+    scan = time.perf_counter() - t
+
+    t = time.perf_counter()
+    m, after = 0, 0
+    while True:
+        async with database.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(events.c.position, events.c.type, events.c.payload)
+                    .where(events.c.position > after)
+                    .order_by(events.c.position)
+                    .limit(20_000)
+                )
+            ).all()
+        if not rows:
+            break
+        m += len(rows)
+        after = rows[-1][0]
+    raw = time.perf_counter() - t
+
+    t = time.perf_counter()
+    promoted = await rebuild_projection(database, "calls")
+    rebuild = time.perf_counter() - t
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    await database.dispose()
+    backend = database.backend
+    print(f"events {head:,} (scanned {n:,}/{m:,}); digest {promoted.digest[:12]}", file=sys.stderr)
+    print(
+        "| backend | calls | events | scan iter_events s | scan raw s | rebuild s | rebuild/scan | rebuild/raw | peak RSS MB |"
+    )
+    print(
+        f"| {backend} | {args.calls:,} | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild / scan:.2f} | "
+        f"{rebuild / raw:.2f} | {rss_mb:.0f} |"
+    )
+    _ = os
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

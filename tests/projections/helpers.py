@@ -1,0 +1,60 @@
+"""Building gateway-shaped events directly (projections never import the gateway)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from ledger.append import append_events
+from ledger.db import Database
+from ledger.events import CallFailed, CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def started(call_id: str, t: float, *, run: str | None = None, ticker: str | None = None, model: str = "m") -> NewEvent:
+    tags = {"ticker": ticker} if ticker else {}
+    body = CallStarted(
+        call_id=call_id, received_at=at(t), method="POST", path="/v1/chat/completions", run=run, tags=tags, model=model
+    )
+    return new_event(body, stream=f"call-{call_id}", occurred_at=at(t))
+
+
+def finished(
+    call_id: str,
+    t0: float,
+    t1: float,
+    *,
+    prompt: int = 1000,
+    completion: int = 101,
+    status: int = 200,
+    ttft: float = 0.5,
+) -> NewEvent:
+    timings = Timings(
+        received=at(t0),
+        upstream_headers=at(t0 + 0.1),
+        first_token=at(t0 + ttft),
+        last_token=at(t1 - 0.1),
+        finished=at(t1),
+    )
+    usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    body = CallFinished(call_id=call_id, status=status, usage=usage, usage_source="reported", timings=timings)
+    return new_event(body, stream=f"call-{call_id}", occurred_at=at(t1))
+
+
+def failed(call_id: str, t0: float, t1: float) -> NewEvent:
+    body = CallFailed(
+        call_id=call_id,
+        phase="connect",
+        reason="upstream_unreachable",
+        client_status=502,
+        timings=Timings(received=at(t0), finished=at(t1)),
+    )
+    return new_event(body, stream=f"call-{call_id}", occurred_at=at(t1))
+
+
+async def append(database: Database, *events: NewEvent) -> None:
+    await append_events(database, list(events))

@@ -1,0 +1,66 @@
+"""The projections subcommands end to end (in-process), exit codes and JSON output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+
+from tests.projections.seed import MOE, seed_rows, write_jsonl
+from usage_ledger.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """The CLI configures structlog for the process (bound to the captured stderr); undo it."""
+    yield
+    structlog.reset_defaults()
+
+
+def test_cli_import_report_rebuild_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = f"sqlite:///{tmp_path / 'l.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    seed = write_jsonl(tmp_path / "moe.jsonl", seed_rows(MOE))
+    assert main(["import", str(seed), "--db", db]) == 0
+    assert main(["import", str(seed), "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["report", "runs", "--db", db, "--format", "json"]) == 0
+    (run,) = json.loads(capsys.readouterr().out)
+    assert round(run["throughput_tps"]) == 911 and run["calls"] == 1700
+    assert main(["report", "daily", "--db", db, "--format", "json", "--tz", "Asia/Seoul"]) == 0
+    assert [d["day"] for d in json.loads(capsys.readouterr().out)] == ["2026-03-02", "2026-03-03"]
+    assert main(["recompute", "--formula", "per_call_mean", "--db", db, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["old_tps"] == pytest.approx(run["throughput_tps"])
+    assert main(["rebuild", "--db", db]) == 0
+    assert main(["annotate", "--run", MOE.run, "--hardware", "rtx5090", "--kind", "nightly", "--db", db]) == 0
+    assert main(["retag", f"{MOE.run}-0001", "--tag", "desk=x", "--reason", "test", "--db", db]) == 0
+    assert main(["show", "run", MOE.run, "--db", db, "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert shown["run"]["labels"] == {"hardware": "rtx5090", "kind": "nightly"} and len(shown["tickers"]) == 100
+    assert main(["show", "call", f"{MOE.run}-0001", "--db", db, "--format", "json"]) == 0
+    detail = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert detail["call"]["tags"]["desk"] == "x" and [e["type"] for e in detail["events"]] == [
+        "call.imported",
+        "call.retagged",
+    ]
+    out = tmp_path / "calls.parquet"
+    assert main(["export", "--format", "parquet", "--output", str(out), "--db", db]) == 0
+    import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+    assert pq.read_table(out).num_rows == 1700
+    assert main(["projections", "status", "--db", db, "--format", "json"]) == 0
+
+
+def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = f"sqlite:///{tmp_path / 'l.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"started_at": 0}\n')
+    assert main(["import", str(bad), "--db", db]) == 2
+    assert f"{bad}:1: missing required field input_tokens" in capsys.readouterr().err
+    assert main(["report", "runs", "--run", "nope", "--db", db]) == 2
+    assert main(["retag", "nope", "--run", "x", "--reason", "r", "--db", db]) == 2
+    assert main(["report", "daily", "--tz", "Nowhere/X", "--db", db]) == 2

@@ -1,0 +1,114 @@
+"""Import (DESIGN §6): parser properties, file:line errors, atomicity, idempotency, CSV."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ledger.db import Database
+from projections.errors import ImportFailed
+from projections.importer import RowError, import_file, parse_record
+from projections.reports import runs_report
+
+_ID = uuid.UUID(int=1)
+_names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20)
+_times = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
+
+
+@given(
+    start=_times,
+    elapsed=st.floats(0, 86_400, allow_nan=False),
+    tin=st.integers(0, 10**9),
+    tout=st.integers(0, 10**9),
+    run=st.none() | _names,
+    ticker=st.none() | _names,
+    epoch=st.booleans(),
+)
+def test_valid_records_round_trip(
+    start: datetime, elapsed: float, tin: int, tout: int, run: str | None, ticker: str | None, epoch: bool
+) -> None:
+    fields: dict[str, object] = {
+        "started_at": start.timestamp() if epoch else start.isoformat(),
+        "elapsed_s": elapsed,
+        "input_tokens": tin,
+        "output_tokens": tout,
+    }
+    if run is not None:
+        fields["run"] = run
+    if ticker is not None:
+        fields["ticker"] = ticker
+    body = parse_record(msgspec.json.decode(msgspec.json.encode(fields)), source="s", line=3, event_id=_ID)
+    assert abs((body.started_at - start).total_seconds()) < 1e-3
+    assert abs((body.finished_at - body.started_at).total_seconds() - elapsed) < 1e-3
+    assert (body.input_tokens, body.output_tokens, body.run, body.tags.get("ticker")) == (tin, tout, run, ticker)
+
+
+@given(
+    st.dictionaries(st.text(max_size=12), st.none() | st.integers() | st.text(max_size=12) | st.floats(), max_size=6)
+)
+def test_parser_never_crashes(fields: dict[str, object]) -> None:
+    with contextlib.suppress(RowError):
+        parse_record(fields, source="s", line=1, event_id=_ID)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"started_at": "2026-03-01T00:00:00", "elapsed_s": 1, "input_tokens": 1, "output_tokens": 1}, "no UTC offset"),
+        ({"started_at": 0, "input_tokens": 1, "output_tokens": 1}, "finished_at or elapsed_s"),
+        ({"started_at": 0, "elapsed_s": 1, "input_tokens": -1, "output_tokens": 1}, "must be >= 0"),
+        ({"started_at": 0, "elapsed_s": 1, "input_tokens": 1.5, "output_tokens": 1}, "whole number"),
+        ({"started_at": 10, "finished_at": 5, "input_tokens": 1, "output_tokens": 1}, "before started_at"),
+        ({"started_at": 0, "elapsed_s": 1, "input_tokens": 1, "output_tokens": 1, "outptu": 1}, "unknown field"),
+        ({"started_at": 0, "elapsed_s": 1, "input_tokens": 1, "output_tokens": 1, "status": "meh"}, "status"),
+    ],
+)
+def test_bad_rows_say_why(fields: dict[str, object], reason: str) -> None:
+    with pytest.raises(RowError, match=reason):
+        parse_record(fields, source="s", line=1, event_id=_ID)
+
+
+def _row(i: int, **extra: object) -> bytes:
+    t = datetime(2026, 3, 1, 14, 0, tzinfo=UTC) + timedelta(seconds=i * 10)
+    row = {"started_at": t.isoformat(), "elapsed_s": 5, "input_tokens": 100, "output_tokens": 10, "run": "r", **extra}
+    return msgspec.json.encode(row) + b"\n"
+
+
+async def test_file_is_atomic_and_idempotent(database: Database, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(_row(0) + b"{not json\n" + _row(1) + _row(2, output_tokens="x"))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, bad)
+    assert info.value.errors[0].startswith(f"{bad}:2: invalid JSON")
+    assert info.value.errors[1].startswith(f"{bad}:4: output_tokens")
+    assert await runs_report(database) == []
+
+    skipped = await import_file(database, bad, skip_invalid=True)
+    assert (skipped.appended, skipped.invalid) == (2, 2)
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(_row(0) + _row(0) + _row(1))  # identical lines are distinct calls
+    first = await import_file(database, good)
+    again = await import_file(database, good)
+    assert (first.appended, again.appended, again.duplicates) == (3, 0, 3)
+    (run,) = await runs_report(database)
+    assert run.calls == 5
+
+
+async def test_csv_with_tag_columns(database: Database, tmp_path: Path) -> None:
+    path = tmp_path / "calls.csv"
+    path.write_text(
+        "started_at,finished_at,input_tokens,output_tokens,run,ticker,tag.Desk,status\n"
+        "2026-03-01T23:00:00+09:00,2026-03-01T23:00:30+09:00,1000,100,n1,AAPL,eq,ok\n"
+        "1772373660,1772373700,2000,200,n1,MSFT,,error\n"
+    )
+    result = await import_file(database, path)
+    assert result.appended == 2
+    (run,) = await runs_report(database)
+    assert (run.calls, run.failed_calls, run.tickers, run.input_tokens) == (2, 1, 2, 3000)
