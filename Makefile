@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/ledger demo
+	$(BIN)/ledger demo $(DEMO_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
