@@ -1,6 +1,7 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
     serve(settings)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
+                                        (RawUpstream for http://, httpx for https://)
                      └ background tasks (e.g. a projection follower), woken after every commit
                      └ uvicorn (httptools parser, uvloop), listening socket with TCP_NODELAY
 
@@ -23,7 +24,8 @@ from litestar import Router
 
 from gateway.app import create_app
 from gateway.proxy import AbortResponse
-from gateway.upstream import httpx_client
+from gateway.rawclient import RawUpstream
+from gateway.upstream import UpstreamClient, as_upstream, httpx_client
 from ledger.db import Database, open_database
 from ledger.errors import DatabaseUnavailable
 from ledger.migrate import require_head
@@ -31,7 +33,7 @@ from ledger.settings import Settings
 from ledger.spool import Spool
 from ledger.writer import EventWriter
 
-__all__ = ("Background", "bind_socket", "serve")
+__all__ = ("Background", "bind_socket", "serve", "upstream_client")
 
 Background = Callable[[Database, asyncio.Event], Coroutine[Any, Any, None]]
 log = structlog.get_logger("gateway.serve")
@@ -57,6 +59,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def upstream_client(settings: Settings) -> UpstreamClient:
+    """The lean asyncio/httptools client for plain HTTP (the per-chunk hot path); httpx for TLS."""
+    if settings.upstream.startswith("http://"):
+        return RawUpstream(settings)
+    return as_upstream(httpx_client(settings))
+
+
 async def serve(
     settings: Settings, *, background: Sequence[Background] = (), api_routers: Sequence[Router] = ()
 ) -> None:
@@ -70,7 +79,7 @@ async def serve(
         async with writer:
             wake = asyncio.Event()
             writer.on_commit(lambda _position: wake.set())
-            client = httpx_client(settings)
+            client = upstream_client(settings)
             tasks = [
                 asyncio.create_task(job(database, wake), name=f"background-{i}") for i, job in enumerate(background)
             ]

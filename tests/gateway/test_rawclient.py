@@ -1,0 +1,402 @@
+"""`RawUpstream` against real loopback servers whose every byte the test controls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
+from gateway.rawclient import HIGH_WATER, RawUpstream
+from ledger.settings import Settings
+from tests.gateway.processes import free_port
+
+Scenario = Callable[[], Coroutine[Any, Any, None]]
+SCENARIOS: list[Scenario] = []
+
+
+def scenario(check: Scenario) -> Scenario:
+    """Collected here and run twice below: on asyncio's loop and on uvloop."""
+    SCENARIOS.append(check)
+    return check
+
+
+Respond = Callable[["Request", asyncio.StreamWriter], Awaitable[bool]]
+"""Writes the response; returns whether to keep the connection open for another request."""
+
+
+class Request:
+    def __init__(self, head: bytes, server: Server, reader: asyncio.StreamReader) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        self.line = lines[0]
+        self.headers = [tuple(line.split(": ", 1)) for line in lines[1:] if line]
+        self.body = b""
+        self.server = server
+        self.reader = reader
+
+    async def hang(self) -> bool:
+        """Answer no more; note when the client closes the connection."""
+        await asyncio.wait_for(self.reader.read(), 10)
+        self.server.saw_close()
+        return False
+
+
+class Server:
+    """A loopback HTTP/1.1 server: counts connections, sees closes, answers with `respond`."""
+
+    def __init__(self, respond: Respond) -> None:
+        self.respond = respond
+        self.accepted = 0
+        self.closed_by_peer = 0
+        self.peer_closed = asyncio.Event()
+        self.received = asyncio.Event()
+        self.requests: list[Request] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    self.saw_close()
+                    return
+                request = Request(head, self, reader)
+                length = next((int(v) for k, v in request.headers if k.lower() == "content-length"), 0)
+                request.body = await reader.readexactly(length)
+                self.requests.append(request)
+                self.received.set()
+                if not await self.respond(request, writer):
+                    break
+        except (ConnectionError, asyncio.CancelledError):
+            self.saw_close()
+        finally:
+            writer.close()
+
+    def saw_close(self) -> None:
+        self.closed_by_peer += 1
+        self.peer_closed.set()
+
+    async def wait_peer_close(self, reader_timeout: float = 2.0) -> None:
+        await asyncio.wait_for(self.peer_closed.wait(), reader_timeout)
+
+
+def settings(url: str, **overrides: object) -> Settings:
+    return Settings(upstream=url, **overrides)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def client(url: str, **overrides: object) -> AsyncIterator[RawUpstream]:
+    upstream = RawUpstream(settings(url, **overrides))
+    try:
+        yield upstream
+    finally:
+        await upstream.aclose()
+
+
+def fixed(body: bytes, *extra: bytes) -> Respond:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(body)
+        writer.write(head + b"".join(e + b"\r\n" for e in extra) + b"\r\n" + body)
+        await writer.drain()
+        return True
+
+    return respond
+
+
+async def read_all(upstream: RawUpstream, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
+    response = await upstream.send(method, "/v1/x", [(b"content-type", b"application/json")], body)
+    try:
+        return response.status, b"".join([chunk async for chunk in response.iter_raw()])
+    finally:
+        await response.aclose()
+
+
+@scenario
+async def content_length_body_headers_and_request_shape() -> None:
+    respond = fixed(b'{"ok":true}', b"X-Request-Id: r1", b"Set-Cookie: a")
+    async with Server(respond) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/v1/chat?x=1", [(b"authorization", b"Bearer k")], b'{"a":1}')
+        assert response.status == 200
+        assert response.headers == [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"11"),
+            (b"x-request-id", b"r1"),
+            (b"set-cookie", b"a"),
+        ]
+        assert b"".join([c async for c in response.iter_raw()]) == b'{"ok":true}'
+        await response.aclose()
+    request = server.requests[0]
+    assert request.line == "POST /v1/chat?x=1 HTTP/1.1"
+    assert request.headers == [
+        ("host", f"127.0.0.1:{server.port}"),
+        ("authorization", "Bearer k"),
+        ("content-length", "7"),
+    ]
+    assert request.body == b'{"a":1}'
+
+
+@scenario
+async def base_url_path_prefix_and_get_without_length() -> None:
+    async with Server(fixed(b"x")) as server, client(server.url + "/prefix/") as upstream:
+        assert await read_all(upstream, "GET", b"") == (200, b"x")
+    assert server.requests[0].line == "GET /prefix/v1/x HTTP/1.1"
+    assert [k for k, _ in server.requests[0].headers] == ["host", "content-type"]
+
+
+@scenario
+async def chunked_body_split_across_reads_is_dechunked() -> None:
+    payload = b"".join(b'data: {"i":%d}\n\n' % i for i in range(40))
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in (payload[:7], payload[7:300], payload[300:])) + b"0\r\n\r\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        data, start, sizes = head + wire, 0, [1, 5, 13, 2, 40, 3]
+        while start < len(data):  # pieces cut anywhere: in the head, chunk sizes, CRLFs and data
+            size = sizes[start % len(sizes)]
+            writer.write(data[start : start + size])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+            start += size
+        return True
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        assert await read_all(upstream) == (200, payload)
+        assert await read_all(upstream) == (200, payload)  # the parser is reset for the next response
+    assert server.accepted == 1
+
+
+@scenario
+async def keep_alive_reuses_one_connection() -> None:
+    async with Server(fixed(b"hello")) as server:
+        async with client(server.url) as upstream:
+            for _ in range(3):
+                assert await read_all(upstream) == (200, b"hello")
+        await server.wait_peer_close()  # aclose() of the client closes the pooled connection
+    assert server.accepted == 1 and len(server.requests) == 3
+
+
+@scenario
+async def connection_close_and_read_until_eof_are_not_reused() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
+        await writer.drain()
+        return False
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        assert await read_all(upstream) == (200, b"until the end")
+        assert await read_all(upstream) == (200, b"until the end")
+    assert server.accepted == 2
+
+
+@scenario
+async def server_close_mid_body_is_a_reset_after_the_bytes_received() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        return False
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        got = []
+        with pytest.raises(UpstreamReset, match="without sending a complete message body"):
+            async for chunk in response.iter_raw():
+                got.append(chunk)
+        assert got == [b"partial"]
+
+
+@scenario
+async def server_close_before_headers_is_a_reset() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        return False
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        with pytest.raises(UpstreamReset):
+            await upstream.send("POST", "/", [], b"")
+
+
+@scenario
+async def invalid_response_is_a_reset() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"SPDY/9 what\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        return False
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        with pytest.raises(UpstreamReset, match="invalid HTTP response"):
+            await upstream.send("POST", "/", [], b"")
+
+
+@scenario
+async def refused_is_unreachable() -> None:
+    async with client(f"http://127.0.0.1:{free_port()}") as upstream:
+        with pytest.raises(UpstreamUnreachable, match="cannot connect"):
+            await upstream.send("POST", "/", [], b"")
+
+
+@scenario
+async def headers_timeout() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        return await request.hang()
+
+    async with Server(respond) as server, client(server.url, upstream_read_timeout_s=0.2) as upstream:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(UpstreamTimeout, match=r"\(headers\)"):
+            await upstream.send("POST", "/", [], b"")
+        assert 0.15 < loop.time() - t0 < 2
+        await server.wait_peer_close()
+
+
+@scenario
+async def body_idle_timeout_counts_from_the_last_byte() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(4):  # a byte every 0.1 s: never idle for 0.25 s
+            await asyncio.sleep(0.1)
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+        return await request.hang()
+
+    async with Server(respond) as server, client(server.url, upstream_read_timeout_s=0.25) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        got = []
+        with pytest.raises(UpstreamTimeout, match=r"\(body\)"):
+            async for chunk in response.iter_raw():
+                got.append(chunk)
+        assert b"".join(got) == b"xxxx"
+
+
+@scenario
+async def cancel_mid_body_closes_the_connection() -> None:
+    started = asyncio.Event()
+
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await writer.drain()
+        return await request.hang()
+
+    async def consume(upstream: RawUpstream) -> None:
+        response = await upstream.send("POST", "/", [], b"")
+        async for _ in response.iter_raw():
+            started.set()
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        task = asyncio.create_task(consume(upstream))
+        await asyncio.wait_for(started.wait(), 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await server.wait_peer_close()
+        server.respond = fixed(b"fresh")
+        assert await read_all(upstream) == (200, b"fresh")  # a new connection, not the half-read one
+    assert server.accepted == 2
+
+
+@scenario
+async def cancel_while_waiting_for_headers_closes_the_connection() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        return await request.hang()
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        task = asyncio.create_task(upstream.send("POST", "/", [], b""))
+        await asyncio.wait_for(server.received.wait(), 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await server.wait_peer_close()
+
+
+@scenario
+async def aclose_before_the_end_closes_the_connection() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        await writer.drain()
+        return await request.hang()
+
+    async with Server(respond) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        await response.aclose()
+        await server.wait_peer_close()
+        server.respond = fixed(b"fresh")
+        assert await read_all(upstream) == (200, b"fresh")
+    assert server.accepted == 2
+
+
+@scenario
+async def unread_body_complete_on_the_wire_keeps_the_connection() -> None:
+    async with Server(fixed(b"small")) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        await asyncio.sleep(0.05)  # the body arrives, nobody reads it
+        await response.aclose()
+        assert await read_all(upstream) == (200, b"small")
+    assert server.accepted == 1
+
+
+@scenario
+async def slow_consumer_pauses_reading_and_gets_every_byte() -> None:
+    body = bytes(range(256)) * (4 * HIGH_WATER // 256)
+    async with Server(fixed(body)) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        got = []
+        async for chunk in response.iter_raw():
+            got.append(chunk)
+            assert len(chunk) <= HIGH_WATER + 256 * 1024  # never the whole body buffered at once
+            await asyncio.sleep(0.01)
+        assert b"".join(got) == body
+        assert await read_all(upstream) == (200, body)
+    assert server.accepted == 1
+
+
+@scenario
+async def many_concurrent_requests_share_a_bounded_pool() -> None:
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(0.01)
+        body = request.body
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        return True
+
+    async with Server(respond) as server, client(server.url, upstream_max_connections=8) as upstream:
+        results = await asyncio.gather(*(read_all(upstream, body=b"%d" % i) for i in range(200)))
+    assert results == [(200, b"%d" % i) for i in range(200)]
+    assert server.accepted <= 8
+
+
+@pytest.mark.parametrize("check", SCENARIOS, ids=lambda f: f.__name__)
+async def test_on_asyncio(check: Scenario) -> None:
+    await check()
+
+
+@pytest.mark.parametrize("check", SCENARIOS, ids=lambda f: f.__name__)
+def test_on_uvloop(check: Scenario) -> None:
+    """uvloop runs the gateway in production; its transports are not asyncio's."""
+    uvloop.run(check())
+
+
+def test_only_plain_http() -> None:
+    with pytest.raises(ValueError, match="plain http"):
+        RawUpstream(settings("https://example.com"))
