@@ -73,7 +73,7 @@ def admin_guard(token: str | None) -> Any:
     return guard
 
 
-@get("/calls/{call_id:str}", summary="The ledger events of one call")
+@get("/calls/{call_id:str}/events", summary="The ledger events of one call")
 async def get_call(call_id: FromPath[str], database: NamedDependency[Database]) -> CallEvents:
     query = (
         select(events.c.position, events.c.type, events.c.occurred_at, events.c.recorded_at, events.c.payload)

@@ -38,7 +38,7 @@ async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Pat
             assert health.status_code == 200 and health.json()["status"] == "ok"
             for path in (
                 "/_ledger/metrics",
-                f"/_ledger/api/calls/{call_id}",
+                f"/_ledger/api/calls/{call_id}/events",
                 "/_ledger/api/extra/ping",
                 "/_ledger/api/schema/openapi.json",
             ):
@@ -48,11 +48,14 @@ async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Pat
 
             metrics = (await client.get("/_ledger/metrics", headers=auth)).text
             assert 'ledger_gateway_calls_total{status="200"} 1' in metrics
-            detail = (await client.get(f"/_ledger/api/calls/{call_id}", headers=auth)).json()
+            detail = (await client.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
             assert [e["type"] for e in detail["events"]] == ["call.started", "call.finished"]
             assert detail["events"][1]["body"]["usage"]["completion_tokens"] == 2
             assert (await client.get("/_ledger/api/calls/nope", headers=auth)).status_code == 404
             schema = (await client.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
-            assert "/_ledger/api/calls/{call_id}" in schema["paths"] and "/_ledger/api/extra/ping" in schema["paths"]
+            assert (
+                "/_ledger/api/calls/{call_id}/events" in schema["paths"]
+                and "/_ledger/api/extra/ping" in schema["paths"]
+            )
             assert (await client.get("/_ledger/api/extra/ping", headers=auth)).json() == {"pong": "yes"}
     await upstream.aclose()
