@@ -184,6 +184,7 @@ class ChunkInfo(msgspec.Struct, frozen=True):
 
 
 _EMPTY_CHUNK = ChunkInfo()
+_TOKEN_CHUNK = ChunkInfo(has_token=True)
 
 
 def inspect_chunk(data: bytes) -> ChunkInfo:
@@ -204,6 +205,8 @@ def inspect_chunk(data: bytes) -> ChunkInfo:
                 has_token = True
             if choice.finish_reason is not None:
                 reasons = (*reasons, choice.finish_reason)
+    if chunk.usage is None and chunk.error is None and chunk.metrics is None and not reasons:
+        return _TOKEN_CHUNK if has_token else _EMPTY_CHUNK  # nearly every chunk: no new struct
     return ChunkInfo(
         usage=_usage(chunk.usage),
         usage_only=choices is not None and not choices and chunk.usage is not None,
