@@ -180,7 +180,7 @@ class _Call:
             sampling=info.sampling,
             upstream=self.proxy.upstream_url,
         )
-        self.recorder.started(event, self.body if digest else None)
+        self.started_durable = self.recorder.started(event, self.body if digest else None)
 
     def _usage_source(self) -> UsageSource:
         if self.usage is None:
@@ -355,6 +355,7 @@ class _Call:
         cutting = scanning and self.injected
         out_headers = response_headers(response.headers, drop_length=cutting)
         out_headers.append(self.id_header)
+        await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
         await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
         try:
             if scanning:

@@ -2,13 +2,16 @@
 
 `call.started` is submitted (not awaited) once the request body is complete; the final event
 (`call.finished` / `call.failed`) is submitted with the response body as a blob. With strict
-durability the proxy awaits `finish()` before releasing the response's last bytes; with async it
-does not wait. Group commit in the `EventWriter` batches concurrent calls into one transaction.
+durability the proxy awaits `call.started` (`until_durable`) before sending the response headers,
+so a call whose response began reaching the client survives a crash as started-not-finished, and
+awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
+commit in the `EventWriter` batches concurrent calls into one transaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -44,10 +47,17 @@ class Recorder:
     def digest(body: bytes) -> str:
         return hashlib.sha256(body).hexdigest()
 
-    def started(self, event: CallStarted, body: bytes | None) -> None:
+    def started(self, event: CallStarted, body: bytes | None) -> asyncio.Future[Durable]:
         bodies = {event.request_blob: body} if event.request_blob and body is not None else None
         future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
         future.add_done_callback(self._check)
+        return future
+
+    async def until_durable(self, future: asyncio.Future[Durable]) -> None:
+        """With strict durability, wait for a submitted event (its failure is logged by `_check`)."""
+        if self.strict and not future.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(future)
 
     async def finish(self, event: CallFinished | CallFailed, body: bytes | None, *, wait: bool = True) -> None:
         """Submit the final event; with strict durability (and `wait`) return once it is durable."""
