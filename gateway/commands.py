@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gateway.serve import Background, serve
+from gateway.serve import ApiFactory, Background, serve
 from ledger.errors import LedgerError
 from ledger.log import configure_logging
 from ledger.settings import load_settings
@@ -17,9 +17,13 @@ __all__ = ("register",)
 
 
 def register(
-    sub: argparse._SubParsersAction[argparse.ArgumentParser], *, background: Sequence[Background] = ()
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    background: Sequence[Background] = (),
+    api: ApiFactory | None = None,
 ) -> None:
-    """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit."""
+    """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit;
+    `api` adds read-API routers under `/_ledger/api`."""
     parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
     parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -29,10 +33,10 @@ def register(
     )
     parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
     parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
-    parser.set_defaults(func=lambda args: _serve(args, background))
+    parser.set_defaults(func=lambda args: _serve(args, background, api))
 
 
-def _serve(args: argparse.Namespace, background: Sequence[Background]) -> int:
+def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None) -> int:
     names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
     try:
         settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
@@ -42,7 +46,7 @@ def _serve(args: argparse.Namespace, background: Sequence[Background]) -> int:
     configure_logging(settings.log_level, settings.log_format)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(settings, background=background))
+            runner.run(serve(settings, background=background, api=api))
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2

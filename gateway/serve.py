@@ -33,9 +33,10 @@ from ledger.settings import Settings
 from ledger.spool import Spool
 from ledger.writer import EventWriter
 
-__all__ = ("Background", "bind_socket", "serve", "upstream_client")
+__all__ = ("ApiFactory", "Background", "bind_socket", "serve", "upstream_client")
 
 Background = Callable[[Database, asyncio.Event], Coroutine[Any, Any, None]]
+ApiFactory = Callable[[Database, Settings], Sequence[Router]]
 log = structlog.get_logger("gateway.serve")
 
 
@@ -66,9 +67,8 @@ def upstream_client(settings: Settings) -> UpstreamClient:
     return as_upstream(httpx_client(settings))
 
 
-async def serve(
-    settings: Settings, *, background: Sequence[Background] = (), api_routers: Sequence[Router] = ()
-) -> None:
+async def serve(settings: Settings, *, background: Sequence[Background] = (), api: ApiFactory | None = None) -> None:
+    """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open."""
     database = open_database(settings.database_url)
     try:
         try:
@@ -84,9 +84,8 @@ async def serve(
                 asyncio.create_task(job(database, wake), name=f"background-{i}") for i, job in enumerate(background)
             ]
             try:
-                app = create_app(
-                    settings, database=database, writer=writer, http_client=client, api_routers=api_routers
-                )
+                routers = api(database, settings) if api is not None else ()
+                app = create_app(settings, database=database, writer=writer, http_client=client, api_routers=routers)
                 await _run_server(app, settings)
             finally:
                 for task in tasks:

@@ -18,6 +18,7 @@ from emulator import commands as emulator_commands
 from gateway import commands as gateway_commands
 from ledger import commands as ledger_commands
 from projections import commands as projections_commands
+from projections.api import build_api_routers
 from projections.engine import follow_projections
 
 __all__ = ("build_parser", "main")
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
-    gateway_commands.register(sub, background=(follow_projections,))
+    gateway_commands.register(sub, background=(follow_projections,), api=build_api_routers)
     projections_commands.register(sub)
     emulator_commands.register(sub)
     _register_demo(sub)

@@ -1,0 +1,46 @@
+"""The composed `ledger serve`: projections follow the ledger inside the gateway and their read
+API is served under `/_ledger/api` behind the admin token."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.gateway.processes import emulator, gateway, upgrade
+
+
+def test_serve_keeps_reports_current_and_serves_them(backend_url: str, tmp_path: Path) -> None:
+    upgrade(backend_url)
+    upstream = emulator(tmp_path, speed=500).start()
+    proxy = gateway(tmp_path, upstream.url, backend_url).start()  # type: ignore[attr-defined]
+    base = proxy.health_url.removesuffix("/_ledger/health")
+    try:
+        model = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test").models.list().data[0].id  # untagged
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", default_headers={"X-Ledger-Run": "r1"})
+        for ticker in ("AAPL", "MSFT", "AAPL"):
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": "hello " * 50}],
+                max_tokens=8,
+                extra_headers={"X-Ledger-Ticker": ticker},
+            )
+        deadline = time.monotonic() + 20
+        runs: list[dict[str, object]] = []
+        while time.monotonic() < deadline:  # the in-process follower catches up after the commits
+            runs = httpx.get(f"{base}/_ledger/api/runs", params={"run": "r1"}, timeout=5).json()
+            if runs and runs[0]["calls"] == 3:
+                break
+            time.sleep(0.2)
+        assert [(r["run"], r["calls"], r["tickers"], r["output_tokens"]) for r in runs] == [("r1", 3, 2, 24)]
+        tickers = httpx.get(f"{base}/_ledger/api/tickers", params={"run": "r1"}, timeout=5).json()
+        assert {(t["ticker"], t["calls"]) for t in tickers} == {("AAPL", 2), ("MSFT", 1)}
+        schema = httpx.get(f"{base}/_ledger/api/schema/openapi.json", timeout=5).json()
+        assert {"/_ledger/api/runs", "/_ledger/api/calls/{call_id}", "/_ledger/api/calls/{call_id}/events"} <= set(
+            schema["paths"]
+        )
+    finally:
+        proxy.stop()
+        upstream.stop()
