@@ -194,7 +194,8 @@ def _jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str,
 
 
 def _csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    text = io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")
+    # surrogateescape: a stray non-UTF-8 byte becomes a row error on its own line, not a traceback
+    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
     try:
         yield from _csv_records(csv.reader(text))
     finally:
@@ -205,6 +206,9 @@ def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]
     try:
         header = next(reader)
     except StopIteration:
+        return
+    if not _is_utf8(header):
+        yield 1, 0, "the header row is not valid UTF-8; save the file as UTF-8"
         return
     consumed = 0
     while True:
@@ -218,6 +222,9 @@ def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]
             continue
         consumed += sum(len(c) + 1 for c in cells)
         if not any(c.strip() for c in cells):
+            continue
+        if not _is_utf8(cells):
+            yield line, consumed, "not valid UTF-8; save the file as UTF-8"
             continue
         if len(cells) != len(header):
             yield line, consumed, f"expected {len(header)} columns, got {len(cells)}"
@@ -234,6 +241,14 @@ def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]
         if tags:
             fields["tags"] = tags
         yield line, consumed, fields
+
+
+def _is_utf8(cells: list[str]) -> bool:
+    try:
+        "".join(cells).encode("utf-8")
+    except UnicodeEncodeError:  # surrogate-escaped bytes from an invalid sequence
+        return False
+    return True
 
 
 def detect_format(path: Path, given: str | None) -> Format:
