@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -44,6 +45,7 @@ def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiF
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(serve(settings, background=background, api=api))
@@ -56,6 +58,12 @@ def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiF
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    # uvicorn handles SIGTERM while serving, then re-raises it once stopped; with the default action
+    # the process died right there, before `serve` closed the writer (queue and spool not drained).
+    raise SystemExit(0)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

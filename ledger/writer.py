@@ -109,6 +109,7 @@ class EventWriter:
             self._task = None
         if self.spool is not None:
             if self._spooling:
+                self._next_retry = 0.0  # one last attempt now, whatever the retry timer says
                 await self._try_replay()
             self.spool.close()
 
