@@ -34,7 +34,17 @@ def register(
     )
     parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
     parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
-    parser.set_defaults(func=lambda args: _serve(args, background, api))
+    if background:
+        parser.add_argument(
+            "--no-projections",
+            dest="no_background",
+            action="store_true",
+            help="do not keep the read models current in this process (run `ledger projections run --follow` "
+            "once elsewhere, e.g. beside several replicas)",
+        )
+    parser.set_defaults(
+        func=lambda args: _serve(args, () if getattr(args, "no_background", False) else background, api)
+    )
 
 
 def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None) -> int:

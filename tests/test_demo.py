@@ -48,8 +48,8 @@ def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
             "4",
             "--steps",
             "3",
-            "--speed",
-            "2000",
+            "--seconds",
+            "3",
             "--db-file",
             str(db_file),
         ],
@@ -86,7 +86,7 @@ def test_readme_setup_commands_work_in_a_fresh_environment(tmp_path: Path) -> No
     venv = tmp_path / "venv"
     db_file = tmp_path / "readme-demo.db"
     demo = subprocess.run(
-        ["make", "demo", f"VENV={venv}", f"DEMO_ARGS=--tickers 2 --steps 2 --speed 5000 --db-file {db_file}"],
+        ["make", "demo", f"VENV={venv}", f"DEMO_ARGS=--tickers 2 --steps 2 --seconds 2 --db-file {db_file}"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -45,7 +45,9 @@ def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     )
     demo.add_argument("--tickers", type=int, default=100, help="tickers per run (default 100)")
     demo.add_argument("--steps", type=int, default=17, help="calls per ticker (default 17)")
-    demo.add_argument("--speed", type=float, default=400.0, help="emulator clock speed-up (default 400)")
+    demo.add_argument(
+        "--seconds", type=float, default=45.0, help="replay each box's batch in about this many seconds (default 45)"
+    )
     demo.add_argument("--tz", default="Asia/Seoul", help="zone for the daily table (default Asia/Seoul)")
     demo.add_argument("--keep-running", action="store_true", help="leave the last gateway and emulator up")
     demo.set_defaults(func=_demo)
@@ -54,14 +56,14 @@ def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 def _demo(args: argparse.Namespace) -> int:
     from usage_ledger.demo import DemoOptions, run_demo
 
-    if not 1 <= args.tickers <= 100 or args.steps < 1 or args.speed <= 0:
-        print("ledger demo: --tickers must be 1..100, --steps ≥ 1 and --speed > 0", file=sys.stderr)
+    if not 1 <= args.tickers <= 100 or args.steps < 1 or args.seconds <= 0:
+        print("ledger demo: --tickers must be 1..100, --steps ≥ 1 and --seconds > 0", file=sys.stderr)
         return 2
     options = DemoOptions(
         db_path=Path(args.db_file).resolve(),
         tickers=args.tickers,
         steps=args.steps,
-        speed=args.speed,
+        seconds=args.seconds,
         tz=args.tz,
         keep_running=args.keep_running,
     )

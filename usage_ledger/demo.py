@@ -26,7 +26,7 @@ from ledger.verify import verify_chain
 from projections.engine import catch_up_all
 from projections.reports import daily_report, runs_report, tickers_report
 from projections.rows import DailyRow, RunRow, TickerRow
-from usage_ledger.processes import Child, free_port, start_child
+from usage_ledger.processes import free_port, start_child
 from usage_ledger.workload import TICKERS, WorkloadResult, run_workload
 
 __all__ = ("DemoOptions", "DemoRun", "run_demo")
@@ -36,16 +36,33 @@ class DemoOptions(msgspec.Struct, frozen=True, kw_only=True):
     db_path: Path
     tickers: int = 100
     steps: int = 17
-    speed: float = 400.0
+    seconds: float = 45.0
     tz: str = "Asia/Seoul"
     keep_running: bool = False
 
 
-class DemoRun(msgspec.Struct, frozen=True, kw_only=True):
-    run: str
-    profile: str
+class Profile(msgspec.Struct, frozen=True, kw_only=True):
+    """One of the user's two boxes (DESIGN §7): the emulator profile and the seed's measurement."""
+
+    name: str
     model: str
     concurrency: int
+    seed_seconds: float  # the seed's 1,700-call run took this long on the real GPU
+    seed_result: str
+
+
+SEED_CALLS = 1700
+PLAN = (
+    Profile(name="moe", model="qwen3-30b-a3b-moe", concurrency=14, seed_seconds=2741.0, seed_result="911 t/s, 46 min"),
+    Profile(
+        name="dense", model="qwen3-27b-dense", concurrency=3, seed_seconds=22680.0, seed_result="118 t/s, 6 h 18 min"
+    ),
+)
+
+
+class DemoRun(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    profile: Profile
     result: WorkloadResult
     wall_s: float
     emulated_s: float
@@ -55,7 +72,11 @@ class DemoRun(msgspec.Struct, frozen=True, kw_only=True):
         return self.emulated_s / self.wall_s if self.wall_s > 0 else 1.0
 
 
-PLAN = (("moe", "qwen3-30b-a3b-moe", 14), ("dense", "qwen3-27b-dense", 3))
+class _Station(msgspec.Struct, frozen=True):
+    profile: Profile
+    run: str
+    emulator_url: str
+    gateway_url: str
 
 
 async def run_demo(options: DemoOptions, console: Console) -> int:
@@ -66,15 +87,24 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
     await upgrade_database(database)
     tickers = list(TICKERS[: options.tickers])
     stamp = time.strftime("%Y%m%d-%H%M")
-    runs: list[DemoRun] = []
     with tempfile.TemporaryDirectory(prefix="ledger-demo-") as tmp:
-        work = Path(tmp)
-        for profile, model, concurrency in PLAN:
-            run_name = f"{profile}-{stamp}"
-            keep = options.keep_running and profile == PLAN[-1][0]
-            runs.append(
-                await _one_run(options, url, work, profile, model, concurrency, run_name, tickers, console, keep)
+        async with contextlib.AsyncExitStack() as children:
+            stations = [
+                await _start_station(options, url, Path(tmp), profile, f"{profile.name}-{stamp}", children)
+                for profile in PLAN
+            ]
+            console.print(
+                f"Replaying {len(tickers)} tickers × {options.steps} calls on each box, both at once, through two "
+                f"gateways into {options.db_path.name}; the emulators run ≈{options.seconds:g} s per batch."
             )
+            runs = await _drive_all(options, stations, tickers, console)
+            if options.keep_running:
+                for station in stations:
+                    console.print(
+                        f"gateway {station.gateway_url} → emulator {station.emulator_url} ({station.profile.name})"
+                    )
+                console.print("Left running; Ctrl-C to stop.")
+                await _wait_forever()
     await catch_up_all(database)
     _print_reports(options, runs, await _reports(database, options.tz), console)
     report = await verify_chain(database)
@@ -90,74 +120,76 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
     return 0 if report.ok else 1
 
 
-async def _one_run(
-    options: DemoOptions,
-    url: str,
-    work: Path,
-    profile: str,
-    model: str,
-    concurrency: int,
-    run_name: str,
-    tickers: list[str],
-    console: Console,
-    keep: bool,
-) -> DemoRun:
+def _speed(options: DemoOptions, profile: Profile, calls: int) -> float:
+    """Clock speed-up so the batch's emulated duration (scaled from the seed) takes `seconds`."""
+    return max(1.0, profile.seed_seconds * calls / SEED_CALLS / options.seconds)
+
+
+async def _start_station(
+    options: DemoOptions, url: str, work: Path, profile: Profile, run: str, children: contextlib.AsyncExitStack
+) -> _Station:
     emulator_port, gateway_port = free_port(), free_port()
     emulator_url = f"http://127.0.0.1:{emulator_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    children: list[Child] = []
-    try:
-        children.append(
-            await start_child(
-                f"emulator-{profile}",
-                [
-                    "-m",
-                    "emulator",
-                    "--port",
-                    str(emulator_port),
-                    "--profile",
-                    profile,
-                    "--speed",
-                    str(options.speed),
-                    "--model",
-                    model,
-                    "--log-level",
-                    "warning",
-                ],
-                f"{emulator_url}/health",
-                work,
-            )
-        )
-        children.append(
-            await start_child(
-                f"gateway-{profile}",
-                [
-                    "-m",
-                    "usage_ledger.cli",
-                    "serve",
-                    "--upstream",
-                    emulator_url,
-                    "--port",
-                    str(gateway_port),
-                    "--db",
-                    url,
-                    "--spool-dir",
-                    str(work / f"spool-{profile}"),
-                ],
-                f"{gateway_url}/_ledger/health",
-                work,
-            )
-        )
-        total = len(tickers) * options.steps
-        with Progress(
-            TextColumn(f"[bold]{run_name}[/] ({profile}, {concurrency} workers)"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[tokens]:,} output tokens"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task("calls", total=total, tokens=0)
+    speed = _speed(options, profile, options.tickers * options.steps)
+    emulator = await start_child(
+        f"emulator-{profile.name}",
+        [
+            "-m",
+            "emulator",
+            "--port",
+            str(emulator_port),
+            "--profile",
+            profile.name,
+            "--speed",
+            f"{speed:.3f}",
+            "--model",
+            profile.model,
+            "--log-level",
+            "warning",
+        ],
+        f"{emulator_url}/health",
+        work,
+    )
+    children.push_async_callback(emulator.stop)
+    gateway = await start_child(
+        f"gateway-{profile.name}",
+        [
+            "-m",
+            "usage_ledger.cli",
+            "serve",
+            "--upstream",
+            emulator_url,
+            "--port",
+            str(gateway_port),
+            "--db",
+            url,
+            "--spool-dir",
+            str(work / f"spool-{profile.name}"),
+        ],
+        f"{gateway_url}/_ledger/health",
+        work,
+    )
+    children.push_async_callback(gateway.stop)
+    return _Station(profile, run, emulator_url, gateway_url)
+
+
+async def _drive_all(
+    options: DemoOptions, stations: list[_Station], tickers: list[str], console: Console
+) -> list[DemoRun]:
+    total = len(tickers) * options.steps
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tokens]:,} output tokens"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+
+        async def drive(station: _Station) -> DemoRun:
+            profile = station.profile
+            task = progress.add_task(f"{station.run} ({profile.concurrency} in flight)", total=total, tokens=0)
             tokens = 0
 
             def on_call(completion_tokens: int) -> None:
@@ -165,32 +197,26 @@ async def _one_run(
                 tokens += completion_tokens
                 progress.update(task, advance=1, tokens=tokens)
 
-            emulated_start, real_start = await _clock(emulator_url), time.monotonic()
+            emulated_start, real_start = await _clock(station.emulator_url), time.monotonic()
             result = await run_workload(
-                gateway_url,
-                run=run_name,
+                station.gateway_url,
+                run=station.run,
                 tickers=tickers,
                 steps=options.steps,
-                concurrency=concurrency,
-                model=model,
+                concurrency=profile.concurrency,
+                model=profile.model,
                 on_call=on_call,
             )
-            emulated_end, real_end = await _clock(emulator_url), time.monotonic()
-        if keep:
-            console.print(f"gateway {gateway_url} → emulator {emulator_url} keep running; Ctrl-C to stop.")
-            await _wait_forever()
-        return DemoRun(
-            run=run_name,
-            profile=profile,
-            model=model,
-            concurrency=concurrency,
-            result=result,
-            wall_s=real_end - real_start,
-            emulated_s=emulated_end - emulated_start,
-        )
-    finally:
-        for child in reversed(children):
-            await child.stop()
+            emulated_end, real_end = await _clock(station.emulator_url), time.monotonic()
+            return DemoRun(
+                run=station.run,
+                profile=profile,
+                result=result,
+                wall_s=real_end - real_start,
+                emulated_s=emulated_end - emulated_start,
+            )
+
+        return list(await asyncio.gather(*(drive(station) for station in stations)))
 
 
 async def _clock(emulator_url: str) -> float:
@@ -237,8 +263,8 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
         "per-call t/s",
     ):
         recorded.add_column(column, justify="left" if column == "run" else "right")
-    emulated = Table(title=f"The same runs in emulated GPU time (the emulator ran at ≈{options.speed:g}× real time)")
-    for column in ("run", "speed", "wall", "aggregate t/s", "per-call t/s", "seed measured"):
+    emulated = Table(title="The same runs in emulated GPU time (the emulators' clocks ran faster than real time)")
+    for column in ("run", "clock speed", "wall", "aggregate t/s", "per-call t/s", "seed (real GPU)"):
         emulated.add_column(column, justify="left" if column == "run" else "right")
     for aggregate, per_call in zip(reports.aggregate, reports.per_call, strict=True):
         recorded.add_row(
@@ -262,7 +288,7 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
             _duration(aggregate.wall_s * speed),
             _num(_scaled(aggregate.throughput_tps, speed), 0),
             _num(_scaled(per_call.throughput_tps, speed), 1),
-            SEED_TPS[demo.profile],
+            demo.profile.seed_result,
         )
     console.print(recorded)
     console.print(emulated)
@@ -290,9 +316,6 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
                 _tokens(day.output_tokens),
             )
         console.print(daily)
-
-
-SEED_TPS = {"moe": "911 (46 min)", "dense": "118 (6 h 18 min)"}
 
 
 def _scaled(tps: float | None, speed: float) -> float | None:
