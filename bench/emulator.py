@@ -54,7 +54,7 @@ async def _chunks(args: argparse.Namespace) -> None:
     port = _free_port()
     cmd = [sys.executable, "-m", "emulator", "--port", str(port), "--speed", "1e6", "--log-level", "warning"]
     cmd += ["--max-num-seqs", str(args.streams), "--profile", args.profile]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()})  # noqa: ASYNC220
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         for _ in range(200):
             try:

@@ -126,12 +126,27 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     env = {**os.environ, "LEDGER_LOG_LEVEL": "warning"}
     emu = subprocess.Popen(
         [LEDGER, "emulate", "--port", str(emu_port), "--speed", str(args.speed), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     gw = subprocess.Popen(
-        [LEDGER, "serve", "--upstream", f"http://127.0.0.1:{emu_port}", "--port", str(gw_port), "--db", db,
-         "--spool-dir", str(tmp / "spool"), "--durability", args.durability],
-        stdout=subprocess.DEVNULL, stderr=open(tmp / "gateway.log", "wb"), env=env,
+        [
+            LEDGER,
+            "serve",
+            "--upstream",
+            f"http://127.0.0.1:{emu_port}",
+            "--port",
+            str(gw_port),
+            "--db",
+            db,
+            "--spool-dir",
+            str(tmp / "spool"),
+            "--durability",
+            args.durability,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "gateway.log", "wb"),
+        env=env,
     )
     direct, via = f"http://127.0.0.1:{emu_port}", f"http://127.0.0.1:{gw_port}"
     try:
@@ -172,13 +187,18 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for proc in (gw, emu):
             proc.terminate()
             proc.wait(timeout=60)
-    summary: dict[str, object] = {
-        key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]
-    }
+    summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
     summary.update(
-        rounds=args.rounds, calls=args.calls, streams=args.streams, tokens=args.tokens, speed=args.speed,
-        durability=args.durability, rss_calls=args.rss_calls,
-        rss_mib_before=round(rss_before, 1), rss_mib_after=round(rss_after, 1), cpus=os.cpu_count(),
+        rounds=args.rounds,
+        calls=args.calls,
+        streams=args.streams,
+        tokens=args.tokens,
+        speed=args.speed,
+        durability=args.durability,
+        rss_calls=args.rss_calls,
+        rss_mib_before=round(rss_before, 1),
+        rss_mib_after=round(rss_after, 1),
+        cpus=os.cpu_count(),
     )
     return summary
 
