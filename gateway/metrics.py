@@ -2,10 +2,41 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ("Metrics",)
+__all__ = ("Histogram", "Metrics")
+
+# seconds: LLM calls run from milliseconds (errors, tiny prompts) to many minutes (long generations)
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    """A Prometheus histogram: cumulative buckets, sum and count."""
+
+    buckets: tuple[float, ...] = _LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.total += value
+
+    def render(self, name: str, help_text: str) -> list[str]:
+        lines = [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        cumulative = 0
+        for bound, count in zip(self.buckets, self.counts, strict=False):
+            cumulative += count
+            lines.append(f'{name}_bucket{{le="{bound:g}"}} {cumulative}')
+        cumulative += self.counts[-1]
+        lines += [
+            f'{name}_bucket{{le="+Inf"}} {cumulative}',
+            f"{name}_sum {self.total:.6f}",
+            f"{name}_count {cumulative}",
+        ]
+        return lines
 
 
 @dataclass(slots=True)
@@ -21,6 +52,10 @@ class Metrics:
     response_bytes: int = 0
     record_failures: int = 0
     usage_injected: int = 0
+    duration: Histogram = field(default_factory=Histogram)
+    """Seconds from request received to call recorded, every call."""
+    ttft: Histogram = field(default_factory=Histogram)
+    """Seconds from request received to the first token, calls that produced one."""
 
     def render(self, *, queue_depth: int, spool_bytes: int, spooling: bool, committed: int, spooled: int) -> str:
         lines = [
@@ -46,4 +81,6 @@ class Metrics:
             ("ledger_spooling", "gauge", int(spooling), "1 while the database is unreachable."),
         ):
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        lines += self.duration.render("ledger_gateway_call_duration_seconds", "Call duration through the gateway.")
+        lines += self.ttft.render("ledger_gateway_time_to_first_token_seconds", "Time to the first token.")
         return "\n".join(lines) + "\n"

@@ -241,7 +241,7 @@ class _Call:
             self.metrics.prompt_tokens += self.usage.prompt_tokens
             self.metrics.completion_tokens += self.usage.completion_tokens
         await self.recorder.finish(event, data)
-        self._log("call_proxied", timings)
+        self._report("call_proxied", timings)
 
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
         digest, data, _ = self._raw_body()
@@ -261,10 +261,14 @@ class _Call:
         )
         self.metrics.failures[reason] += 1
         await self.recorder.finish(event, data, wait=wait)
-        self._log("call_failed", timings, reason=reason, phase=phase, detail=detail)
+        self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
 
-    def _log(self, message: str, timings: Timings, **extra: Any) -> None:
+    def _report(self, message: str, timings: Timings, **extra: Any) -> None:
+        """The canonical log line of the call, and its latency metrics."""
         end = timings.finished.timestamp() if timings.finished else time.time()
+        self.metrics.duration.observe(end - self.received)
+        if self.first_token is not None:
+            self.metrics.ttft.observe(self.first_token - self.received)
         usage = self.usage
         log.info(
             message,

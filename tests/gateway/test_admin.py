@@ -48,6 +48,8 @@ async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Pat
 
             metrics = (await client.get("/_ledger/metrics", headers=auth)).text
             assert 'ledger_gateway_calls_total{status="200"} 1' in metrics
+            assert 'ledger_gateway_call_duration_seconds_bucket{le="+Inf"} 1' in metrics
+            assert "ledger_gateway_call_duration_seconds_count 1" in metrics
             detail = (await client.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
             assert [e["type"] for e in detail["events"]] == ["call.started", "call.finished"]
             assert detail["events"][1]["body"]["usage"]["completion_tokens"] == 2
