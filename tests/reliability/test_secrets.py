@@ -178,7 +178,8 @@ async def test_admin_api_needs_the_token_and_survives_schemathesis(emulator: Pro
             ],
             capture_output=True,
             text=True,
-            env={"SCHEMATHESIS_HOOKS": "", "NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
+            cwd=tmp_path,  # schemathesis keeps a .schemathesis/ cache in its working directory
+            env={"NO_COLOR": "1", "PATH": "/usr/bin:/bin"},
         )
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         print("\nSCHEMATHESIS:", " ".join(result.stdout.split()[-40:]))
