@@ -29,6 +29,7 @@ import asyncpg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from ledger.append import append_events
 from ledger.blobs import blob_hash
 from ledger.db import Database, open_database
 from ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
@@ -166,6 +167,15 @@ async def bench_events(database: Database, total: int) -> float:
     return total / elapsed
 
 
+async def bench_batches(database: Database, total: int) -> float:
+    """Events/s straight through `append_events` in batches of 5,000 (no writer queue, no futures)."""
+    events = [e for i in range(total) for e in call_events(i, "bench")[:1]]
+    started = time.perf_counter()
+    for start in range(0, total, 5000):
+        await append_events(database, events[start : start + 5000])
+    return total / (time.perf_counter() - started)
+
+
 async def bench_calls(database: Database, calls_per_run: int, runs: int) -> tuple[float, int, int]:
     """Calls/s with bodies, and (raw bytes, stored bytes)."""
     rng = random.Random(7)
@@ -201,15 +211,22 @@ async def main() -> None:
     args = parser.parse_args()
     backends = ["sqlite"] + (["postgresql"] if args.pg else [])
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print("| backend | (a) events/s, no bodies | (b) calls/s with bodies | stored / raw bytes |")
-    print("|---|---|---|---|")
+    print(
+        "| backend | (a) events/s, writer, 1 event per submit | (a') events/s, append_events, 5,000 per batch | (b) calls/s with bodies | stored / raw bytes |"
+    )
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for backend in backends:
-            event_rates, call_rates, ratios = [], [], []
+            event_rates, batch_rates, call_rates, ratios = [], [], [], []
             for _ in range(args.repeat):
                 database, drop = await fresh_database(backend, args.pg, Path(tmp))
                 try:
                     event_rates.append(await bench_events(database, args.events))
+                finally:
+                    await drop()
+                database, drop = await fresh_database(backend, args.pg, Path(tmp))
+                try:
+                    batch_rates.append(await bench_batches(database, args.events))
                 finally:
                     await drop()
                 database, drop = await fresh_database(backend, args.pg, Path(tmp))
@@ -220,7 +237,8 @@ async def main() -> None:
                 finally:
                     await drop()
             print(
-                f"| {backend} | {statistics.median(event_rates):,.0f} | {statistics.median(call_rates):,.0f} "
+                f"| {backend} | {statistics.median(event_rates):,.0f} | {statistics.median(batch_rates):,.0f} "
+                f"| {statistics.median(call_rates):,.0f} "
                 f"| {statistics.median(ratios):.1%} ({raw / 1e6:,.0f} MB raw → {stored / 1e6:,.1f} MB) |"
             )
 
