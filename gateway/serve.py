@@ -69,7 +69,7 @@ def upstream_client(settings: Settings) -> UpstreamClient:
 
 async def serve(settings: Settings, *, background: Sequence[Background] = (), api: ApiFactory | None = None) -> None:
     """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open."""
-    database = open_database(settings.database_url)
+    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         try:
             await require_head(database)

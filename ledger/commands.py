@@ -86,7 +86,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _open_checked(settings: Settings) -> Database:
-    database = open_database(settings.database_url)
+    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         await require_head(database)
     except BaseException:
@@ -99,7 +99,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log_level, settings.log_format)
-        database = open_database(settings.database_url)
+        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
         try:
             await upgrade_database(database)
         finally:

@@ -65,8 +65,16 @@ def async_url(url: str) -> tuple[str, Backend]:
     )
 
 
-def open_database(url: str, *, null_pool: bool = False, **engine_kwargs: Any) -> Database:
-    """Create the engine (no I/O yet); connection errors surface on first use."""
+def open_database(
+    url: str, *, null_pool: bool = False, sqlite_synchronous: str = "full", **engine_kwargs: Any
+) -> Database:
+    """Create the engine (no I/O yet); connection errors surface on first use.
+
+    `sqlite_synchronous`: `full` (a commit is on disk when it returns) or `normal` (WAL commits
+    survive a process crash but the last ones may be lost on power failure; no fsync per commit).
+    """
+    if sqlite_synchronous not in ("full", "normal"):
+        raise ConfigError(f"sqlite_synchronous must be full or normal, not {sqlite_synchronous!r}")
     driver_url, backend = async_url(url)
     kwargs: dict[str, Any] = dict(engine_kwargs)
     if null_pool:
@@ -76,12 +84,12 @@ def open_database(url: str, *, null_pool: bool = False, **engine_kwargs: Any) ->
     engine = create_async_engine(driver_url, **kwargs)
     appender = None
     if backend == "sqlite":
-        _install_sqlite_hooks(engine)
-        appender = SqliteAppender(make_url(driver_url).database or ":memory:")
+        _install_sqlite_hooks(engine, sqlite_synchronous.upper())
+        appender = SqliteAppender(make_url(driver_url).database or ":memory:", sqlite_synchronous.upper())
     return Database(engine=engine, backend=backend, url=url, sqlite_appender=appender)
 
 
-def _install_sqlite_hooks(engine: AsyncEngine) -> None:
+def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
     # SQLAlchemy's documented recipe: let the driver leave transactions to us, then emit BEGIN
     # ourselves, IMMEDIATE for writers so appends are serialized from their first statement.
     @event.listens_for(engine.sync_engine, "connect")
@@ -89,7 +97,7 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
         cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()

@@ -18,6 +18,7 @@ __all__ = ("ENV_PREFIX", "Settings", "load_settings")
 ENV_PREFIX = "LEDGER_"
 
 Durability = Literal["strict", "async"]
+SqliteSynchronous = Literal["full", "normal"]
 LogFormat = Literal["auto", "json", "console"]
 
 
@@ -28,6 +29,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     database_url: str = "sqlite:///./ledger.db"
     spool_dir: str = "./ledger-spool"
     batch_max_events: int = 2000
+    sqlite_synchronous: SqliteSynchronous = "full"
     # gateway
     upstream: str = "http://127.0.0.1:8200"
     host: str = "127.0.0.1"

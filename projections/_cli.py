@@ -56,7 +56,7 @@ _encoder = msgspec.json.Encoder()
 
 
 async def _open(settings: Settings) -> Database:
-    database = open_database(settings.database_url)
+    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         await require_head(database)
     except BaseException:

@@ -73,3 +73,20 @@ def test_env_is_coerced_and_flags_win() -> None:
 def test_invalid_setting_value_is_reported() -> None:
     with pytest.raises(ConfigError, match="invalid setting"):
         load_settings({"LEDGER_DURABILITY": "sometimes"})
+
+
+async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Path) -> None:
+    from sqlalchemy import text
+
+    from ledger.migrate import upgrade_database
+
+    database = open_database(f"sqlite:///{tmp_path / 'l.db'}", sqlite_synchronous="normal")
+    await upgrade_database(database)
+    async with database.engine.connect() as conn:
+        assert (await conn.execute(text("PRAGMA synchronous"))).scalar_one() == 1  # NORMAL
+    assert database.sqlite_appender is not None
+    assert database.sqlite_appender.synchronous == "NORMAL"
+    await database.dispose()
+    with pytest.raises(ConfigError, match="full or normal"):
+        open_database("sqlite:///x.db", sqlite_synchronous="off")
+    assert load_settings({"LEDGER_SQLITE_SYNCHRONOUS": "normal"}).sqlite_synchronous == "normal"
