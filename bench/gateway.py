@@ -143,6 +143,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             str(tmp / "spool"),
             "--durability",
             args.durability,
+            *(["--no-projections"] if args.no_projections else []),
         ],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "gateway.log", "wb"),
@@ -211,5 +212,8 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--durability", choices=("strict", "async"), default="strict")
+    parser.add_argument(
+        "--no-projections", action="store_true", help="serve without the in-process projection follower"
+    )
     parser.add_argument("--rss-calls", type=int, default=5000)
     print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))

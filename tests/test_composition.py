@@ -30,7 +30,8 @@ def test_serve_keeps_reports_current_and_serves_them(backend_url: str, tmp_path:
         deadline = time.monotonic() + 20
         runs: list[dict[str, object]] = []
         while time.monotonic() < deadline:  # the in-process follower catches up after the commits
-            runs = httpx.get(f"{base}/_ledger/api/runs", params={"run": "r1"}, timeout=5).json()
+            response = httpx.get(f"{base}/_ledger/api/runs", params={"run": "r1"}, timeout=5)
+            runs = response.json() if response.status_code == 200 else []  # 404 until the follower sees r1
             if runs and runs[0]["calls"] == 3:
                 break
             time.sleep(0.2)
@@ -44,3 +45,27 @@ def test_serve_keeps_reports_current_and_serves_them(backend_url: str, tmp_path:
     finally:
         proxy.stop()
         upstream.stop()
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def test_the_follower_process_dies_with_a_killed_gateway(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    upgrade(url)
+    proxy = gateway(tmp_path, "http://127.0.0.1:9", url).start()
+    assert proxy.proc is not None
+    deadline = time.monotonic() + 10
+    while not (followers := _children(proxy.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(followers) == 1
+    proxy.kill()  # SIGKILL: no shutdown code runs in the gateway
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{followers[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (
+        not Path(f"/proc/{followers[0]}").exists() or "Z" in Path(f"/proc/{followers[0]}/stat").read_text().split()[2]
+    )
+    proxy.log.close()

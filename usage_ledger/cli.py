@@ -19,7 +19,7 @@ from gateway import commands as gateway_commands
 from ledger import commands as ledger_commands
 from projections import commands as projections_commands
 from projections.api import build_api_routers
-from projections.engine import follow_projections
+from usage_ledger.followers import projections_follower_process
 
 __all__ = ("build_parser", "main")
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
-    gateway_commands.register(sub, background=(follow_projections,), api=build_api_routers)
+    gateway_commands.register(sub, background=(projections_follower_process,), api=build_api_routers)
     projections_commands.register(sub)
     emulator_commands.register(sub)
     _register_demo(sub)
