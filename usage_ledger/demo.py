@@ -293,6 +293,10 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
     console.print(recorded)
     console.print(emulated)
     console.print(
+        "Emulated-time numbers fall short of the seed when this machine could not keep the emulators busy:\n"
+        "the client's and the gateway's work per call happen in real time while the GPU's is compressed."
+    )
+    console.print(
         "aggregate = Σ output tokens ÷ (last call end − first call start): what the server delivered.\n"
         "per-call = mean of each call's tokens ÷ its own duration: under continuous batching calls share the GPU,\n"
         "so it describes one request's speed, not the box's throughput (ledger report runs --formula NAME)."
