@@ -7,7 +7,8 @@ unless the database already holds them (--keep reuses it), then times:
 
 - scan (iter_events): every event through the ledger's reader (what any consumer must pay);
 - scan (raw columns): SELECT position, type, payload over the whole table;
-- rebuild: `rebuild_projection("calls")` from position 0 into a new version, digest, promote;
+- rebuild: `rebuild_projection("calls")` from position 0 into a new version (bulk SQL load up to
+  the head, catch-up of anything later), digest, promote;
 
 and peak RSS. Prints a Markdown row for docs/BENCHMARKS.md.
 """
@@ -87,7 +88,7 @@ async def main() -> None:
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
-            Path(args.db[len("sqlite:///") :] + suffix).unlink(missing_ok=True)  # noqa: ASYNC240 - set-up before timing
+            Path(args.db[len("sqlite:///") :] + suffix).unlink(missing_ok=True)
     database = open_database(args.db)
     await upgrade_database(database)
     async with database.engine.connect() as conn:

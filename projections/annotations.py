@@ -10,6 +10,7 @@ import msgspec
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.schema import events
 from projections._slim import SAnnotated, decode_slim
 from projections.tables import annotations_table
 
@@ -56,6 +57,25 @@ class AnnotationsProjection:
             )
         if rows:
             await conn.execute(insert(annotations_table), rows)
+
+    async def prepare(self, conn: AsyncConnection, head: int) -> None:
+        return None
+
+    async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
+        """Fill an empty `version` with every `run.annotated` up to `head` (read through the type index)."""
+        after = 0
+        while True:
+            result = await conn.execute(
+                select(events.c.position, events.c.type, events.c.payload)
+                .where(events.c.type == "run.annotated", events.c.position > after, events.c.position <= head)
+                .order_by(events.c.position)
+                .limit(5000)
+            )
+            page = [(r[0], r[1], r[2]) for r in result]
+            if not page:
+                return
+            await self.apply(conn, version, page)
+            after = page[-1][0]
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         digest = hashlib.sha256()

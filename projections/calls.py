@@ -24,6 +24,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.schema import UTCDateTime, events
+from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
 from projections._slim import SFailed, SFinished, SImported, SRetagged, SStarted, decode_slim
 from projections.tables import calls
 
@@ -43,6 +45,30 @@ _SQLITE_UPSERT = (
     f"ON CONFLICT (version, call_id) DO UPDATE SET "
     + ", ".join(f"{name} = excluded.{name}" for name in CALL_COLUMNS if name not in ("version", "call_id"))
 )
+
+
+_DIGEST_PAGE = 20_000
+_DIGEST_COLUMNS = [c for c in calls.columns if c.name != "version"]
+_SQLITE_DIGEST_PAGE = (
+    f"SELECT {', '.join(c.name for c in _DIGEST_COLUMNS)} FROM {calls.name} "
+    "WHERE version = ? AND call_id > ? ORDER BY call_id LIMIT ?"
+)
+_TIME_INDEXES = tuple(i for i, c in enumerate(_DIGEST_COLUMNS) if isinstance(c.type, UTCDateTime))
+
+
+def _stored_times_as_rfc3339(row: Sequence[Any]) -> list[Any]:
+    """A raw SQLite row with each stored datetime (`YYYY-MM-DD HH:MM:SS.ffffff`, naive UTC) as msgspec encodes it."""
+    out = list(row)
+    for i in _TIME_INDEXES:
+        value = out[i]
+        if value is None:
+            continue
+        if len(value) == 26 and value[10] == " " and value[19] == ".":
+            fraction = value[19:] if value[20:] != "000000" else ""
+            out[i] = f"{value[:10]}T{value[11:19]}{fraction}Z"
+        else:  # any other stored shape: parsed, as SQLAlchemy would
+            out[i] = datetime.fromisoformat(value).replace(tzinfo=UTC)
+    return out
 
 
 def _sqlite_value(value: Any) -> Any:
@@ -206,6 +232,25 @@ class CallsProjection:
                 rows.append(row)
         await self._upsert(conn, rows)
 
+    async def prepare(self, conn: AsyncConnection, head: int) -> None:
+        await prepare_calls(conn, head)
+
+    async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
+        """Fill an empty `version` with every call event up to `head`: plain calls in SQL, the rest folded here."""
+        await insert_plain_calls(conn, version)
+        async for positions in remaining_positions(conn):
+            page: list[tuple[int, str, str]] = []
+            for start in range(0, len(positions), 5000):
+                result = await conn.execute(
+                    select(events.c.position, events.c.type, events.c.payload).where(
+                        events.c.position.in_(positions[start : start + 5000])
+                    )
+                )
+                page.extend((r[0], r[1], r[2]) for r in result)
+            page.sort()
+            await self.apply(conn, version, page)
+        await drop_work_tables(conn)
+
     async def _load(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, Row]:
         found: dict[str, Row] = {}
         for start in range(0, len(call_ids), 500):
@@ -234,24 +279,35 @@ class CallsProjection:
             await conn.execute(statement, rows[start : start + 5000])
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
-        """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat)."""
+        """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat).
+
+        Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC). On SQLite the
+        stored datetime text is rewritten to that form directly, which is what decoding it to a
+        `datetime` and encoding that would give, without the per-value round trip.
+        """
         digest = hashlib.sha256()
-        columns = [c for c in calls.columns if c.name != "version"]
         after = ""
+        sqlite_ = conn.dialect.name == "sqlite"
         while True:
-            result = await conn.execute(
-                select(*columns)
-                .where(calls.c.version == version, calls.c.call_id > after)
-                .order_by(calls.c.call_id)
-                .limit(20000)
-            )
-            rows = result.all()
+            if sqlite_:
+                rows: Sequence[Any] = [
+                    _stored_times_as_rfc3339(r)
+                    for r in await conn.exec_driver_sql(_SQLITE_DIGEST_PAGE, (version, after, _DIGEST_PAGE))
+                ]
+            else:
+                result = await conn.execute(
+                    select(*_DIGEST_COLUMNS)
+                    .where(calls.c.version == version, calls.c.call_id > after)
+                    .order_by(calls.c.call_id)
+                    .limit(_DIGEST_PAGE)
+                )
+                rows = result.all()
             for r in rows:
                 digest.update(_digest_encoder.encode(tuple(r)))
                 digest.update(b"\n")
-            if len(rows) < 20000:
+            if len(rows) < _DIGEST_PAGE:
                 return digest.hexdigest()
-            after = rows[-1].call_id
+            after = rows[-1][0]
 
     async def drop(self, conn: AsyncConnection, version: int) -> None:
         await conn.execute(delete(calls).where(calls.c.version == version))

@@ -4,9 +4,10 @@
                                                             └ rows + checkpoint(name, version)
 
 Every projection row carries a version. `projection_versions` points at the live one; a rebuild
-fills version N+1 from position 0 (committing page by page, so memory stays flat and a crash
-loses at most a page), computes its digest, appends `projection.promoted` and switches the
-pointer. Readers always read the live version.
+fills version N+1 in bulk up to the head captured at its start (`load_version`: the calls
+projection in SQL, rows and checkpoint in one transaction), catches up what was appended
+meanwhile through the incremental path, computes its digest, appends `projection.promoted` and
+switches the pointer. Readers always read the live version.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.append import append_events, translate_db_error
-from ledger.db import Database
+from ledger.db import WRITER_OPTION, Database
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import ProjectionPromoted, new_event, utc_now
 from ledger.read import head_position
@@ -44,6 +45,7 @@ __all__ = (
     "catch_up_all",
     "follow_projections",
     "live_version",
+    "load_version",
     "projection_status",
     "promote_version",
     "rebuild_projection",
@@ -59,6 +61,8 @@ class Projection(Protocol):
     handles: frozenset[str]
 
     async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None: ...
+    async def prepare(self, conn: AsyncConnection, head: int) -> None: ...
+    async def load(self, conn: AsyncConnection, version: int, head: int) -> None: ...
     async def digest(self, conn: AsyncConnection, version: int) -> str: ...
     async def drop(self, conn: AsyncConnection, version: int) -> None: ...
 
@@ -192,6 +196,27 @@ async def _apply_page(
         await conn.close()
 
 
+async def load_version(database: Database, name: str, version: int, head: int) -> None:
+    """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
+
+    The projection first reads what it needs (`prepare`, no write lock), then writes every row and
+    the checkpoint in one writer transaction. Raises `_Moved` if the version is not empty.
+    """
+    projection = _projection(name)
+    conn = await database.engine.connect()
+    try:
+        async with conn.begin():
+            await projection.prepare(conn, head)
+        await conn.execution_options(**{WRITER_OPTION: True})
+        async with conn.begin():
+            if await _checkpoint(conn, name, version, lock=True) != 0:
+                raise _Moved
+            await projection.load(conn, version, head)
+            await _write_checkpoint(conn, name, version, head)
+    finally:
+        await conn.close()
+
+
 async def catch_up_all(database: Database) -> dict[str, int]:
     """Bring every live projection up to the head; returns the checkpoints."""
     return {name: await catch_up(database, name) for name in PROJECTIONS}
@@ -219,6 +244,17 @@ async def rebuild_projection(
         new_version = max(live, int(known or 0)) + 1
         await projection.drop(conn, new_version)
         await _write_checkpoint(conn, name, new_version, 0)
+        head = await head_position(conn)
+    try:
+        await load_version(database, name, new_version, head)
+    except _Moved:  # another runner is filling this version already; catch up alongside it
+        pass
+    except LedgerError:
+        raise
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    if progress is not None:
+        progress(head, head)
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
     promoted = await promote_version(database, name, new_version, formula or current_formula)
     if not keep_old:

@@ -1,20 +1,43 @@
-"""Rebuilds: same digest as incremental application (property), promotion, status, formulas."""
+"""Rebuilds: same digest as incremental application and as the bulk (SQL) load (properties), promotion,
+status, formulas."""
 
 from __future__ import annotations
 
 import itertools
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
 from ledger.db import Database
-from ledger.events import CallImported, CallRetagged, NewEvent, ProjectionPromoted, RunAnnotated, new_event, utc_now
+from ledger.events import (
+    CallFailed,
+    CallFinished,
+    CallImported,
+    CallRetagged,
+    CallStarted,
+    NewEvent,
+    ProjectionPromoted,
+    RunAnnotated,
+    Timings,
+    Usage,
+    new_event,
+    utc_now,
+)
 from ledger.read import head_position, iter_events
 from ledger.schema import checkpoints
-from projections.engine import PROJECTIONS, catch_up, projection_status, rebuild_projection, set_formula
+from projections._bulk import insert_plain_calls, prepare_calls
+from projections.engine import (
+    PROJECTIONS,
+    catch_up,
+    load_version,
+    projection_status,
+    rebuild_projection,
+    set_formula,
+)
 from projections.reports import recompute_report, runs_report
+from projections.tables import calls
 from tests.projections.helpers import append, at, failed, finished, started
 
 _serial = itertools.count()
@@ -28,6 +51,45 @@ def _event(kind: str, call: int, t: float, n: int, salt: int) -> NewEvent:
         return finished(cid, t, t + 1 + n % 7, completion=n, prompt=n * 3)
     if kind == "failed":
         return failed(cid, t, t + 2)
+    if kind == "started_odd":  # offsets, whole seconds, several tags, escapes, no model
+        received = at(t).astimezone(timezone(timedelta(hours=2))) if n % 3 == 0 else at(float(int(t)))
+        tags = {"ticker": f"T{n % 4}", 'b"q': "\u00fc\n", "a": "x"} if n % 2 else {"z": "1", "a": "2\u00e9"}
+        body3 = CallStarted(
+            call_id=cid,
+            received_at=received,
+            method="POST",
+            path="/v1/chat/completions",
+            tags=tags,
+            model=None if n % 5 == 0 else "m",
+            request_blob=f"b{n}",
+        )
+        return new_event(body3, stream=f"call-{cid}")
+    if kind == "finished_odd":  # error statuses, no or cached usage, missing or equal moments
+        t0 = at(float(int(t))) if n % 2 else at(t)
+        moments = Timings(
+            received=t0,
+            first_token=t0 if n % 4 == 0 else None if n % 4 == 1 else t0 + timedelta(microseconds=n),
+            last_token=None if n % 4 == 1 else t0 + timedelta(microseconds=n * (n % 3)),
+            finished=None if n % 3 == 0 else t0 + timedelta(seconds=n / 7),
+        )
+        usage = (
+            None if n % 3 == 0 else Usage(prompt_tokens=n % 2, completion_tokens=n % 4, total_tokens=0, cached_tokens=n)
+        )
+        if n % 5 == 0:
+            return new_event(
+                CallFailed(call_id=cid, phase="body", reason="client_disconnected", usage=usage, timings=moments),
+                stream=f"call-{cid}",
+            )
+        status = (500, 302, 200, 404)[n % 4]
+        body4 = CallFinished(
+            call_id=cid,
+            status=status,
+            usage=usage,
+            usage_source="reported" if usage else "absent",
+            response_blob=f"r{n}",
+            timings=moments,
+        )
+        return new_event(body4, stream=f"call-{cid}")
     if kind == "imported":
         body = CallImported(
             call_id=cid,
@@ -53,11 +115,40 @@ def _event(kind: str, call: int, t: float, n: int, salt: int) -> NewEvent:
 
 
 _kinds = st.sampled_from(["started", "started", "finished", "finished", "failed", "imported", "retagged", "annotated"])
-_events = st.lists(
-    st.tuples(_kinds, st.integers(0, 5), st.floats(0, 5000, allow_nan=False), st.integers(0, 100)),
+_times = st.floats(0, 5000, allow_nan=False)
+_events = st.lists(st.tuples(_kinds, st.integers(0, 5), _times, st.integers(0, 100)), min_size=1, max_size=40)
+# for the bulk load: plain calls (a start, then at most one end, `lag` events later) with every
+# kind of exception mixed in at random places (repeats, retags, imports, ends before starts)
+_plain_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["started", "started", "started_odd"]),
+        st.sampled_from([None, "finished", "finished_odd", "finished_odd", "failed"]),
+        st.one_of(_times, st.integers(0, 5000).map(float)),
+        st.integers(0, 100),
+        st.integers(0, 4),
+    ),
     min_size=1,
-    max_size=40,
+    max_size=30,
 )
+_extras = st.lists(
+    st.tuples(_kinds | st.just("finished_odd"), st.integers(0, 35), _times, st.integers(0, 100)), max_size=10
+)
+
+
+def _bulk_batch(
+    plain: list[tuple[str, str | None, float, int, int]], extras: list[tuple[str, int, float, int]], salt: int
+) -> list[NewEvent]:
+    batch: list[NewEvent] = []
+    ends: list[tuple[int, NewEvent]] = []
+    for call, (start, end, t, n, lag) in enumerate(plain):
+        batch.append(_event(start, call, t, n, salt))
+        if end is not None:
+            ends.append((len(batch) + lag, _event(end, call, t, n, salt)))
+    for at_, ev in reversed(ends):
+        batch.insert(min(at_, len(batch)), ev)
+    for kind, call, t, n in extras:
+        batch.insert((call * 7 + n) % (len(batch) + 1), _event(kind, call, t, n, salt))
+    return batch
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -86,6 +177,69 @@ async def test_rebuild_digest_equals_incremental(
         await catch_up(database, name, version + 1)  # one pass, big pages
         async with database.engine.connect() as conn:
             assert await projection.digest(conn, version) == await projection.digest(conn, version + 1), name
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plain=_plain_calls, extras=_extras, splits=st.lists(st.integers(1, 60), max_size=3), page=st.integers(1, 9))
+async def test_bulk_load_digest_equals_incremental(
+    database: Database,
+    plain: list[tuple[str, str | None, float, int, int]],
+    extras: list[tuple[str, int, float, int]],
+    splits: list[int],
+    page: int,
+) -> None:
+    """`load_version` (SQL for plain calls, the Python fold for the rest) gives the incremental rows."""
+    salt = next(_serial)
+    batch = _bulk_batch(plain, extras, salt)
+    version = 1000 + 2 * salt  # from position 0: earlier examples' events are in both versions
+    start = 0
+    for cut in sorted({min(s, len(batch)) for s in splits} | {len(batch)}):
+        await append(database, *batch[start:cut])
+        start = cut
+        for name in PROJECTIONS:
+            await catch_up(database, name, version, page_size=page)
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+    for name, projection in PROJECTIONS.items():
+        await load_version(database, name, version + 1, head)
+        async with database.engine.connect() as conn:
+            assert await projection.digest(conn, version) == await projection.digest(conn, version + 1), name
+            checkpoint = await conn.execute(
+                select(checkpoints.c.position).where(
+                    checkpoints.c.projection == name, checkpoints.c.version == version + 1
+                )
+            )
+            assert checkpoint.scalar_one() == head
+
+
+async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Database) -> None:
+    await append(
+        database,
+        started("a", 0, run="r", ticker="T"),
+        started("b", 1),
+        finished("a", 0, 10, completion=100),
+        failed("b", 1, 2),
+        started("c", 3),  # incomplete
+        started("d", 4),
+        finished("d", 4, 5),
+        finished("d", 4, 6),  # a repeated end: folded in Python
+    )
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+    await append(database, started("late", 9), finished("a", 0, 11))  # after the captured head
+    async with database.engine.connect() as conn, conn.begin():
+        await prepare_calls(conn, head)
+        assert await insert_plain_calls(conn, 7) == 3  # a, b, c
+        await conn.rollback()
+    await load_version(database, "calls", 8, head)
+    await catch_up(database, "calls", 9)
+    calls_projection = PROJECTIONS["calls"]
+    async with database.engine.connect() as conn:
+        loaded = [r.call_id for r in await conn.execute(select(calls.c.call_id).where(calls.c.version == 8))]
+        assert sorted(loaded) == ["a", "b", "c", "d"]
+    assert await catch_up(database, "calls", 8) == head + 2  # the rest through the incremental path
+    async with database.engine.connect() as conn:
+        assert await calls_projection.digest(conn, 8) == await calls_projection.digest(conn, 9)
 
 
 async def test_rebuild_promotes_and_records(database: Database) -> None:
