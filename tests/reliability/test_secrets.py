@@ -149,7 +149,7 @@ async def test_admin_api_needs_the_token_and_survives_schemathesis(emulator: Pro
     try:
         await _calls(base, 2, "admin")
         call_id = next(iter((await read_ledger(db_url)).started))
-        guarded = ["/_ledger/metrics", "/_ledger/api/schema/openapi.json", f"/_ledger/api/calls/{call_id}"]
+        guarded = ["/_ledger/metrics", "/_ledger/api/schema/openapi.json", f"/_ledger/api/calls/{call_id}/events"]
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             assert (await http.get("/_ledger/health")).status_code == 200
             for path in guarded:
