@@ -179,7 +179,7 @@ async def test_rebuild_digest_equals_incremental(
             assert await projection.digest(conn, version) == await projection.digest(conn, version + 1), name
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plain=_plain_calls, extras=_extras, splits=st.lists(st.integers(1, 60), max_size=3), page=st.integers(1, 9))
 async def test_bulk_load_digest_equals_incremental(
     database: Database,
