@@ -24,7 +24,7 @@ from ledger.spool import Spool
 from ledger.verify import verify_chain
 from ledger.writer import replay_spool
 
-__all__ = ("add_db_option", "register", "run_command", "settings_from_args")
+__all__ = ("add_db_option", "open_checked", "register", "run_command", "settings_from_args")
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -85,7 +85,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     redact.set_defaults(func=_redact)
 
 
-async def _open_checked(settings: Settings) -> Database:
+async def open_checked(settings: Settings) -> Database:
+    """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
     database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         await require_head(database)
@@ -114,7 +115,7 @@ def _verify(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
         anchor = _parse_anchor(args.expect_head) if args.expect_head else None
-        database = await _open_checked(settings)
+        database = await open_checked(settings)
         try:
             report = await verify_chain(database, expect_head=anchor)
         except Exception as exc:
@@ -143,7 +144,7 @@ def _parse_anchor(text: str) -> tuple[int, str]:
 def _events_tail(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
-        database = await _open_checked(settings)
+        database = await open_checked(settings)
         encoder = msgspec.json.Encoder()
         out = sys.stdout.buffer
         try:
@@ -169,7 +170,7 @@ def _events_tail(args: argparse.Namespace) -> int:
 def _spool_replay(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args, "spool_dir")
-        database = await _open_checked(settings)
+        database = await open_checked(settings)
         try:
             with Spool(settings.spool_dir) as spool:
                 appended, duplicates = await replay_spool(database, spool)
@@ -184,7 +185,7 @@ def _spool_replay(args: argparse.Namespace) -> int:
 def _redact(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
-        database = await _open_checked(settings)
+        database = await open_checked(settings)
         try:
             digest = args.blob_hash.lower()
             await append_events(

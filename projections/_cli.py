@@ -16,12 +16,11 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, Tex
 from rich.text import Text
 
 from ledger.append import append_events
-from ledger.commands import run_command, settings_from_args
-from ledger.db import Database, open_database
+from ledger.commands import open_checked, run_command, settings_from_args
+from ledger.db import Database
 from ledger.errors import ConfigError
 from ledger.events import CallRetagged, RunAnnotated, new_event
 from ledger.log import configure_logging
-from ledger.migrate import require_head
 from ledger.settings import Settings
 from projections._output import print_rows
 from projections.callviews import get_call
@@ -53,16 +52,6 @@ __all__ = (
 )
 
 _encoder = msgspec.json.Encoder()
-
-
-async def _open(settings: Settings) -> Database:
-    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-    try:
-        await require_head(database)
-    except BaseException:
-        await database.dispose()
-        raise
-    return database
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -125,7 +114,7 @@ def _when(text: str, flag: str) -> datetime:
 def import_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         failed = False
         try:
             for name in args.files:
@@ -161,7 +150,7 @@ def report_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
         zone = parse_zone(settings.tz)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             if args.kind == "runs":
                 rows: list[msgspec.Struct] = list(
@@ -188,7 +177,7 @@ def rebuild_command(args: argparse.Namespace) -> int:
         for name in names:
             if name not in PROJECTIONS:
                 raise ProjectionError(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}")
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             for name in names:
                 with _progress(f"rebuild {name}", "events") as bar:
@@ -214,7 +203,7 @@ def rebuild_command(args: argparse.Namespace) -> int:
 def projections_run_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             if args.follow:
                 await follow_projections(database, asyncio.Event())
@@ -231,7 +220,7 @@ def projections_run_command(args: argparse.Namespace) -> int:
 def projections_status_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             rows = await projection_status(database)
         finally:
@@ -245,7 +234,7 @@ def projections_status_command(args: argparse.Namespace) -> int:
 def recompute_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             rows = await recompute_report(database, args.formula, run_gap_s=settings.run_gap_s)
             promoted = await set_formula(database, args.formula) if args.promote else None
@@ -274,7 +263,7 @@ def annotate_command(args: argparse.Namespace) -> int:
             raise ConfigError("--to goes with --from, not with --run")
         body = RunAnnotated(labels=labels, run=args.run, start=start, end=end)
         stream = f"run-{args.run}" if args.run else "run-range"
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             result = await append_events(database, [new_event(body, stream=stream)])
         finally:
@@ -293,7 +282,7 @@ def retag_command(args: argparse.Namespace) -> int:
             raise ConfigError("nothing to change: give --run, --tag NAME=VALUE or --remove-tag NAME")
         if not args.reason.strip():
             raise ConfigError("--reason must say why the call is retagged")
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             await get_call(database, args.call_id)
             body = CallRetagged(
@@ -319,7 +308,7 @@ async def _export(database: Database, **kwargs: Any) -> int:
 def export_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             count = await _export(
                 database,
@@ -341,7 +330,7 @@ def export_command(args: argparse.Namespace) -> int:
 def show_call_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
         finally:
@@ -365,7 +354,7 @@ def show_call_command(args: argparse.Namespace) -> int:
 def show_run_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        database = await _open(settings)
+        database = await open_checked(settings)
         try:
             detail = await show_run(database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s)
         finally:
