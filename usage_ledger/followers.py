@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import time
 
 import structlog
 
@@ -39,7 +40,9 @@ async def projections_follower_process(database: Database, _wake: asyncio.Event)
     """Run `ledger projections run --follow` for as long as the gateway runs; restart it if it exits."""
     args = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC, str(os.getpid()), "projections", "run", "--follow"]
     env = {**os.environ, "LEDGER_DATABASE_URL": database.url}  # not argv: a password would show in `ps`
+    delay = 1.0
     while True:
+        started = time.monotonic()
         child = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, env=env)
         try:
             code = await child.wait()
@@ -53,5 +56,8 @@ async def projections_follower_process(database: Database, _wake: asyncio.Event)
                     with contextlib.suppress(ProcessLookupError):
                         await child.wait()
             raise
-        log.warning("projections_follower_exited", code=code)
-        await asyncio.sleep(1.0)
+        if time.monotonic() - started > 60:
+            delay = 1.0  # it had been running fine: restart promptly
+        log.warning("projections_follower_exited", code=code, restart_in_s=delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 60.0)  # e.g. the database is down: retry, but don't spin
