@@ -24,7 +24,7 @@ from ledger.events import NewEvent, utc_now
 
 __all__ = ("AppendResult", "append_events", "translate_db_error")
 
-# Key of the PostgreSQL advisory lock that serializes appends across processes ("LEDGER" in hex-ish).
+# Key of the PostgreSQL advisory lock that serializes appends across processes ("LEDG" in ASCII).
 APPEND_LOCK_KEY = 0x4C454447
 
 
@@ -57,10 +57,10 @@ def translate_db_error(exc: BaseException, database: Database) -> LedgerError:
     if isinstance(exc, LedgerError):
         return exc
     if isinstance(exc, OperationalError | InterfaceError | OSError | ConnectionError | asyncio.TimeoutError):
-        return DatabaseUnavailable(f"database {_safe(database.url)} unavailable: {_first_line(exc)}")
+        return DatabaseUnavailable(f"database {database.safe_url} unavailable: {_first_line(exc)}")
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return DatabaseUnavailable(f"database {_safe(database.url)} connection lost: {_first_line(exc)}")
-    return LedgerError(f"append to {_safe(database.url)} failed: {_first_line(exc)}")
+        return DatabaseUnavailable(f"database {database.safe_url} connection lost: {_first_line(exc)}")
+    return LedgerError(f"append to {database.safe_url} failed: {_first_line(exc)}")
 
 
 async def _append_postgres(
@@ -87,9 +87,3 @@ async def _append_postgres(
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
-
-
-def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

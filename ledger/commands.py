@@ -105,7 +105,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
             await upgrade_database(database)
         finally:
             await database.dispose()
-        print(f"ledger schema is up to date in {database.url}")
+        print(f"ledger schema is up to date in {database.safe_url}")
         return 0
 
     return run_command(main)

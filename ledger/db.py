@@ -35,6 +35,11 @@ class Database:
     url: str
     sqlite_appender: SqliteAppender | None = None
 
+    @property
+    def safe_url(self) -> str:
+        """The URL with any password masked: the only form that goes into messages and logs."""
+        return make_url(self.url).render_as_string(hide_password=True)
+
     async def writer(self) -> AsyncConnection:
         """A connection whose transactions take the append lock up front (SQLite BEGIN IMMEDIATE)."""
         conn = await self.engine.connect()

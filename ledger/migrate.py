@@ -49,7 +49,7 @@ async def _run(database: Database, action: str, target: str) -> None:
         async with database.engine.begin() as conn:
             await conn.run_sync(run)
     except (OperationalError, OSError) as exc:
-        raise DatabaseUnavailable(f"cannot reach the database {database.url}: {exc}") from exc
+        raise DatabaseUnavailable(f"cannot reach the database {database.safe_url}: {exc}") from exc
 
 
 async def upgrade_database(database: Database, target: str = "head") -> None:
@@ -68,9 +68,9 @@ async def current_revision(database: Database) -> str | None:
         async with database.engine.connect() as conn:
             return await conn.run_sync(read)
     except (OperationalError, OSError) as exc:
-        raise DatabaseUnavailable(f"cannot reach the database {database.url}: {exc}") from exc
+        raise DatabaseUnavailable(f"cannot reach the database {database.safe_url}: {exc}") from exc
     except DBAPIError as exc:  # pragma: no cover - driver-specific
-        raise DatabaseUnavailable(f"database error on {database.url}: {exc}") from exc
+        raise DatabaseUnavailable(f"database error on {database.safe_url}: {exc}") from exc
 
 
 async def require_head(database: Database) -> None:
@@ -79,6 +79,6 @@ async def require_head(database: Database) -> None:
     head = head_revision()
     if current != head:
         raise SchemaError(
-            f"the ledger schema in {database.url} is at revision {current or 'none'}, expected {head}: "
+            f"the ledger schema in {database.safe_url} is at revision {current or 'none'}, expected {head}: "
             "run `ledger db upgrade`"
         )

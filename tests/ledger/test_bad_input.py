@@ -90,3 +90,10 @@ async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Pat
     with pytest.raises(ConfigError, match="full or normal"):
         open_database("sqlite:///x.db", sqlite_synchronous="off")
     assert load_settings({"LEDGER_SQLITE_SYNCHRONOUS": "normal"}).sqlite_synchronous == "normal"
+
+
+def test_a_database_password_never_reaches_an_error_message() -> None:
+    result = ledger_cli("db", "upgrade", "--db", "postgresql://postgres:hunter2secret@127.0.0.1:1/nowhere")
+    assert result.returncode == 2
+    assert "hunter2secret" not in result.stderr + result.stdout
+    assert "***" in result.stderr
