@@ -207,18 +207,7 @@ class _Call:
         timings = self._timings()
         event: CallFinished | CallFailed
         if self.stream_error:
-            event = CallFailed(
-                call_id=self.call_id,
-                phase="stream",
-                reason="upstream_error_in_stream",
-                client_status=self.status,
-                client_bytes=self.client_bytes,
-                response_blob=digest,
-                usage=self.usage,
-                usage_source=self._usage_source(),
-                chunk_count=self.chunk_count,
-                timings=timings,
-            )
+            event = self._failure("stream", "upstream_error_in_stream", "", digest, timings)
             self.metrics.failures["upstream_error_in_stream"] += 1
         else:
             event = CallFinished(
@@ -246,7 +235,13 @@ class _Call:
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
         digest, data, _ = self._raw_body()
         timings = self._timings()
-        event = CallFailed(
+        event = self._failure(phase, reason, detail, digest, timings)
+        self.metrics.failures[reason] += 1
+        await self.recorder.finish(event, data, wait=wait)
+        self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
+
+    def _failure(self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings) -> CallFailed:
+        return CallFailed(
             call_id=self.call_id,
             phase=phase,  # type: ignore[arg-type]
             reason=reason,  # type: ignore[arg-type]
@@ -259,9 +254,6 @@ class _Call:
             chunk_count=self.chunk_count,
             timings=timings,
         )
-        self.metrics.failures[reason] += 1
-        await self.recorder.finish(event, data, wait=wait)
-        self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
 
     def _report(self, message: str, timings: Timings, **extra: Any) -> None:
         """The canonical log line of the call, and its latency metrics."""
