@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,15 +27,11 @@ from pathlib import Path
 
 import httpx
 
+from usage_ledger.processes import free_port
+
 LEDGER = str(Path(sys.executable).parent / "ledger")
 MODEL = "emulator-moe"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:

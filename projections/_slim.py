@@ -11,7 +11,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ("DECODERS", "SAnnotated", "SFailed", "SFinished", "SImported", "SRetagged", "SStarted", "decode_slim")
+from ledger.events import CallImported, CallRetagged, RunAnnotated
+
+__all__ = ("DECODERS", "SFailed", "SFinished", "SStarted", "decode_slim")
 
 
 class STimings(msgspec.Struct, frozen=True):
@@ -56,39 +58,10 @@ class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):
     usage_source: str = "absent"
 
 
-class SImported(msgspec.Struct, frozen=True, tag="call.imported"):
-    call_id: str
-    source: str
-    line: int
-    started_at: datetime
-    finished_at: datetime
-    input_tokens: int
-    output_tokens: int
-    run: str | None = None
-    tags: dict[str, str] = {}
-    model: str | None = None
-    ttft_s: float | None = None
-    status: str = "ok"
-
-
-class SRetagged(msgspec.Struct, frozen=True, tag="call.retagged"):
-    call_id: str
-    reason: str
-    run: str | None = None
-    tags: dict[str, str] = {}
-    removed_tags: list[str] = []
-
-
-class SAnnotated(msgspec.Struct, frozen=True, tag="run.annotated"):
-    labels: dict[str, str]
-    run: str | None = None
-    start: datetime | None = None
-    end: datetime | None = None
-
-
 DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     cls.__struct_config__.tag: msgspec.json.Decoder(cls)  # type: ignore[misc]
-    for cls in (SStarted, SFinished, SFailed, SImported, SRetagged, SAnnotated)
+    # imports, retags and annotations are read whole: their full event types are the cheapest view
+    for cls in (SStarted, SFinished, SFailed, CallImported, CallRetagged, RunAnnotated)
 }
 
 

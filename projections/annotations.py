@@ -10,8 +10,9 @@ import msgspec
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.events import RunAnnotated
 from ledger.schema import events
-from projections._slim import SAnnotated, decode_slim
+from projections._slim import decode_slim
 from projections.tables import annotations_table
 
 __all__ = ("Annotation", "AnnotationsProjection", "labels_for_run", "load_annotations")
@@ -44,7 +45,7 @@ class AnnotationsProjection:
         for position, type_, payload in page:
             if type_ != "run.annotated":
                 continue
-            ev: SAnnotated = decode_slim(type_, payload)
+            ev: RunAnnotated = decode_slim(type_, payload)
             rows.append(
                 {
                     "version": version,

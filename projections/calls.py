@@ -24,9 +24,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.events import CallImported, CallRetagged
 from ledger.schema import UTCDateTime, events
 from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
-from projections._slim import SFailed, SFinished, SImported, SRetagged, SStarted, decode_slim
+from projections._slim import SFailed, SFinished, SStarted, decode_slim
 from projections.tables import calls
 
 __all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call")
@@ -166,7 +167,7 @@ def fold_call(row: Row | None, ev: Any, version: int, position: int) -> Row | No
         row["ticker"] = ev.tags.get("ticker")
         row["model"] = ev.model
         row["request_blob"] = ev.request_blob
-    elif isinstance(ev, SImported):
+    elif isinstance(ev, CallImported):
         row = _blank(version, ev.call_id, ev.started_at)
         row.update(
             run=ev.run,
@@ -188,7 +189,7 @@ def fold_call(row: Row | None, ev: Any, version: int, position: int) -> Row | No
         if row is None:
             row = _blank(version, ev.call_id, ev.timings.received)
         _finish(row, ev)
-    elif isinstance(ev, SRetagged):
+    elif isinstance(ev, CallRetagged):
         if row is None:
             return None
         if ev.run is not None:
