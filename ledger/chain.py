@@ -19,13 +19,13 @@ import struct
 import uuid
 from datetime import UTC, datetime, timedelta
 
-__all__ = ("GENESIS_HASH", "chain_digest", "chain_hash", "epoch_micros")
+__all__ = ("GENESIS_HASH", "HEAD_STRUCT", "LENGTH_STRUCT", "chain_digest", "chain_hash", "epoch_micros")
 
 GENESIS_HASH = "0" * 64
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICRO = timedelta(microseconds=1)
-_HEAD = struct.Struct(">Q16sq")
-_LEN = struct.Struct(">I")
+HEAD_STRUCT = struct.Struct(">Q16sq")  # position, event id, occurred_at
+LENGTH_STRUCT = struct.Struct(">I")
 
 
 def epoch_micros(moment: datetime) -> int:
@@ -44,12 +44,12 @@ def chain_digest(
 ) -> bytes:
     """`chain_hash` on raw digests, for appenders hashing many rows in a row."""
     digest = hashlib.sha256(previous)
-    digest.update(_HEAD.pack(position, event_id.bytes, epoch_micros(occurred_at)))
+    digest.update(HEAD_STRUCT.pack(position, event_id.bytes, epoch_micros(occurred_at)))
     type_bytes = type_.encode()
     stream_bytes = stream.encode()
-    digest.update(_LEN.pack(len(type_bytes)))
+    digest.update(LENGTH_STRUCT.pack(len(type_bytes)))
     digest.update(type_bytes)
-    digest.update(_LEN.pack(len(stream_bytes)))
+    digest.update(LENGTH_STRUCT.pack(len(stream_bytes)))
     digest.update(stream_bytes)
     digest.update(payload.encode())
     return digest.digest()
