@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal
 
 import structlog
@@ -29,13 +29,7 @@ __all__ = ("Durable", "EventWriter", "replay_spool")
 
 Durable = Literal["committed", "spooled"]
 log = structlog.get_logger("ledger.writer")
-
-
-@dataclass(slots=True)
-class _Entry:
-    events: Sequence[NewEvent]
-    bodies: Mapping[str, bytes]
-    done: asyncio.Future[Durable] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+_RESOLVE_SLICE = 256  # futures resolved per event-loop turn
 
 
 async def replay_spool(database: Database, spool: Spool, batch_max_events: int = 5000) -> tuple[int, int]:
@@ -81,7 +75,15 @@ class EventWriter:
         self.last_position = 0
         self.committed_events = 0
         self.spooled_events = 0
-        self._queue: asyncio.Queue[_Entry | None] = asyncio.Queue()
+        # Submissions waiting for the writer task, as parallel lists (the gateway submits once per
+        # call: no per-submission object but its future, which keeps full GC passes rare):
+        # every event in order; per submission its future, its bodies and where its events end.
+        self._events: list[NewEvent] = []
+        self._done: list[asyncio.Future[Durable]] = []
+        self._bodies: list[Mapping[str, bytes] | None] = []
+        self._ends: list[int] = []
+        self._wakeup: asyncio.Future[None] | None = None  # set while the writer task waits for work
+        self._closing = False
         self._compressor = BlobCompressor()
         self._task: asyncio.Task[None] | None = None
         self._spooling = False
@@ -104,9 +106,11 @@ class EventWriter:
     async def close(self) -> None:
         """Write everything queued, then stop. Nothing submitted before close is dropped."""
         if self._task is not None:
-            await self._queue.put(None)
+            self._closing = True
+            self._wake()
             await self._task
             self._task = None
+            self._closing = False
         if self.spool is not None:
             if self._spooling:
                 self._next_retry = 0.0  # one last attempt now, whatever the retry timer says
@@ -123,9 +127,14 @@ class EventWriter:
     # -- producers -------------------------------------------------------------------------------
     def submit(self, events: Sequence[NewEvent], bodies: Mapping[str, bytes] | None = None) -> asyncio.Future[Durable]:
         """Queue events (and the bodies they reference, by hash); the future resolves when durable."""
-        entry = _Entry(events, bodies or {})
-        self._queue.put_nowait(entry)
-        return entry.done
+        done: asyncio.Future[Durable] = asyncio.get_running_loop().create_future()
+        self._events.extend(events)
+        self._ends.append(len(self._events))
+        self._done.append(done)
+        self._bodies.append(bodies or None)
+        if self._wakeup is not None:
+            self._wake()
+        return done
 
     async def append(self, events: Sequence[NewEvent], bodies: Mapping[str, bytes] | None = None) -> Durable:
         return await self.submit(events, bodies)
@@ -136,7 +145,7 @@ class EventWriter:
 
     @property
     def queue_depth(self) -> int:
-        return self._queue.qsize()
+        return len(self._done)
 
     @property
     def spool_bytes(self) -> int:
@@ -147,26 +156,40 @@ class EventWriter:
         return self._spooling
 
     # -- the writer task -------------------------------------------------------------------------
-    async def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            first = await self._queue.get()
-            if first is None:
-                break
-            batch = [first]
-            count = len(first.events)
-            while count < self.batch_max_events and not self._queue.empty():
-                item = self._queue.get_nowait()
-                if item is None:
-                    stopping = True
-                    break
-                batch.append(item)
-                count += len(item.events)
-            await self._write(batch)
+    def _wake(self) -> None:
+        wakeup, self._wakeup = self._wakeup, None
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
 
-    async def _write(self, batch: list[_Entry]) -> None:
-        events = [event for entry in batch for event in entry.events]
-        bodies = [entry.bodies for entry in batch if entry.bodies]
+    async def _run(self) -> None:
+        while True:
+            if not self._done:
+                if self._closing:
+                    return
+                self._wakeup = asyncio.get_running_loop().create_future()
+                await self._wakeup
+                continue
+            await self._write(*self._take_batch())
+
+    def _take_batch(
+        self,
+    ) -> tuple[list[NewEvent], list[Mapping[str, bytes]], list[asyncio.Future[Durable]]]:
+        """Whole submissions, oldest first, up to `batch_max_events` (at least one submission)."""
+        ends = self._ends
+        if ends[-1] <= self.batch_max_events:  # everything waiting fits: take the lists as they are
+            events, done, bodies = self._events, self._done, self._bodies
+            self._events, self._done, self._bodies, self._ends = [], [], [], []
+        else:
+            taken = max(1, bisect_right(ends, self.batch_max_events))
+            count = ends[taken - 1]
+            events, done, bodies = self._events[:count], self._done[:taken], self._bodies[:taken]
+            del self._events[:count], self._done[:taken], self._bodies[:taken]
+            self._ends = [end - count for end in ends[taken:]]
+        return events, [b for b in bodies if b], done
+
+    async def _write(
+        self, events: list[NewEvent], bodies: list[Mapping[str, bytes]], done: list[asyncio.Future[Durable]]
+    ) -> None:
         # zstd releases the GIL: compress on a worker thread, not on the proxy's event loop
         blobs = await asyncio.to_thread(self._prepare, bodies) if bodies else []
         outcome: Durable
@@ -178,9 +201,7 @@ class EventWriter:
             outcome = "committed"
         except LedgerError as exc:
             if self.spool is None:
-                for entry in batch:
-                    if not entry.done.done():
-                        entry.done.set_exception(exc)
+                await self._resolve(done, exc)
                 return
             if not self._spooling:
                 log.warning("ledger_unavailable_spooling", error=str(exc), spool=str(self.spool.path))
@@ -191,15 +212,29 @@ class EventWriter:
                 self.spool.write(SpoolRecord(events=events, blobs=blobs))
             except OSError as spool_exc:
                 log.error("spool_write_failed", error=str(spool_exc), spool=str(self.spool.path))
-                for entry in batch:
-                    if not entry.done.done():
-                        entry.done.set_exception(spool_exc)
+                await self._resolve(done, spool_exc)
                 return
             self.spooled_events += len(events)
             outcome = "spooled"
-        for entry in batch:
-            if not entry.done.done():
-                entry.done.set_result(outcome)
+        await self._resolve(done, outcome)
+
+    @staticmethod
+    async def _resolve(done: list[asyncio.Future[Durable]], outcome: Durable | BaseException) -> None:
+        """Resolve every submission of a batch (a caller may have cancelled its own future).
+
+        In slices, letting the loop run each slice's wake-ups before the next: every resolved
+        future schedules its awaiter's callback, and thousands of them pending at once would
+        outlive young-generation GC passes and trigger full collections of the whole heap.
+        """
+        for start in range(0, len(done), _RESOLVE_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            for future in done[start : start + _RESOLVE_SLICE]:
+                if not future.done():
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
 
     def _prepare(self, bodies: list[Mapping[str, bytes]]) -> list[PreparedBlob]:
         prepared: list[PreparedBlob] = []

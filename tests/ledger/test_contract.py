@@ -93,3 +93,29 @@ async def test_writer_group_commits_and_follow_wakes(database: Database) -> None
     await asyncio.wait_for(follower, 10)
     assert seen == list(range(1, 201))
     assert (await verify_chain(database)).ok
+
+
+async def test_writer_keeps_submissions_whole_and_in_order_across_batches(database: Database) -> None:
+    # batches of at most 7 events: submissions of 1–3 events, one larger than a batch, one empty,
+    # one cancelled by its caller; every other one commits whole, in submission order
+    sizes = [1 + (i % 3) for i in range(60)] + [12, 0, 2]
+    submissions = [[e for k in range(size) for e in call_events(i * 10 + k)][:size] for i, size in enumerate(sizes)]
+    async with EventWriter(database, batch_max_events=7) as writer:
+        futures = [writer.submit(events) for events in submissions]
+        assert writer.queue_depth == len(submissions)
+        futures[5].cancel()
+        outcomes = await asyncio.gather(*(f for i, f in enumerate(futures) if i != 5))
+        assert writer.queue_depth == 0
+    assert set(outcomes) == {"committed"}
+    stored = [e.event_id async for e in iter_events(database)]
+    assert stored == [e.event_id for events in submissions for e in events]  # the cancelled one too: it was queued
+    report = await verify_chain(database)
+    assert report.ok and report.checked == sum(sizes)
+
+
+async def test_writer_resolves_thousands_of_submissions_in_one_batch(database: Database) -> None:
+    async with EventWriter(database, batch_max_events=5000) as writer:
+        outcomes = await asyncio.gather(*(writer.submit(call_events(i)[:1]) for i in range(1200)))
+        assert writer.last_position == 1200
+    assert outcomes == ["committed"] * 1200
+    assert (await verify_chain(database)).checked == 1200
