@@ -14,7 +14,6 @@ from collections.abc import Sequence
 
 import msgspec
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger._rows import EVENT_COLUMNS, build_rows
 from ledger.blobs import PreparedBlob, write_blobs
@@ -42,12 +41,14 @@ async def append_events(
         if database.sqlite_appender is not None:
             appended, duplicates, last = await database.sqlite_appender.append(batch, blobs, utc_now())
             return AppendResult(appended=appended, duplicates=duplicates, last_position=last)
-        conn = await database.writer()
         try:
-            async with conn.begin():
-                return await _append_postgres(conn, batch, blobs)
-        finally:
-            await conn.close()
+            return await _append_postgres(database, batch, blobs, check_existing=False)
+        except Exception as exc:
+            # Optimistic first try: COPY as if no event id were stored yet (the unique index checks
+            # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
+            if not _is_unique_violation(exc):
+                raise
+            return await _append_postgres(database, batch, blobs, check_existing=True)
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
 
@@ -64,24 +65,38 @@ def translate_db_error(exc: BaseException, database: Database) -> LedgerError:
 
 
 async def _append_postgres(
-    conn: AsyncConnection, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob]
+    database: Database, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], *, check_existing: bool
 ) -> AppendResult:
-    await conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK_KEY})")
-    await write_blobs(conn, blobs)
-    ids = [e.event_id for e in batch]
-    found = await conn.exec_driver_sql("SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])", (ids,))
-    existing = {uuid.UUID(str(row[0])) for row in found}
-    tail = (
-        await conn.exec_driver_sql("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1")
-    ).first()
-    position, previous = (int(tail.position), bytes.fromhex(tail.hash)) if tail is not None else (0, bytes(32))
-    rows, last = build_rows(batch, existing, position, previous, utc_now(), sqlite=False)
-    if rows:
-        # COPY: SQLAlchemy's per-row parameter processing cost more than the insert itself
-        raw = (await conn.get_raw_connection()).driver_connection
-        assert raw is not None
-        await raw.copy_records_to_table("ledger_events", records=rows, columns=list(EVENT_COLUMNS))
-    return AppendResult(appended=len(rows), duplicates=len(batch) - len(rows), last_position=last)
+    conn = await database.writer()
+    try:
+        async with conn.begin():
+            await conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK_KEY})")
+            await write_blobs(conn, blobs)
+            existing: set[uuid.UUID] = set()
+            if check_existing:
+                ids = [e.event_id for e in batch]
+                found = await conn.exec_driver_sql(
+                    "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])", (ids,)
+                )
+                existing = {uuid.UUID(str(row[0])) for row in found}
+            tail = (
+                await conn.exec_driver_sql("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1")
+            ).first()
+            position, previous = (int(tail.position), bytes.fromhex(tail.hash)) if tail is not None else (0, bytes(32))
+            rows, last = build_rows(batch, existing, position, previous, utc_now(), sqlite=False)
+            if rows:
+                # COPY: SQLAlchemy's per-row parameter processing cost more than the insert itself
+                raw = (await conn.get_raw_connection()).driver_connection
+                assert raw is not None
+                await raw.copy_records_to_table("ledger_events", records=rows, columns=list(EVENT_COLUMNS))
+            return AppendResult(appended=len(rows), duplicates=len(batch) - len(rows), last_position=last)
+    finally:
+        await conn.close()
+
+
+def _is_unique_violation(exc: BaseException) -> bool:
+    """asyncpg's UniqueViolationError, raw (from COPY) or wrapped by SQLAlchemy."""
+    return "23505" in (getattr(exc, "sqlstate", None), getattr(getattr(exc, "orig", None), "sqlstate", None))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -2,7 +2,7 @@
 
 Through aiosqlite every statement is a hop to its thread and back through the event loop; a busy
 gateway loop then stretched one append into many loop turns. Here the whole transaction — blobs,
-duplicate check, tail, inserts, commit — runs in one call on the appender's own thread with the
+tail, inserts, commit — runs in one call on the appender's own thread with the
 standard `sqlite3` module (which releases the GIL while SQLite works).
 """
 
@@ -81,12 +81,22 @@ class SqliteAppender:
                 conn.executemany(
                     _INSERT_BLOBS, [(b.hash, b.size, b.codec, len(b.content), b.content, created) for b in blobs]
                 )
-            existing = self._existing(conn, [e.event_id for e in batch])
             tail = conn.execute("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1").fetchone()
             position, previous = (int(tail[0]), bytes.fromhex(tail[1])) if tail else (0, bytes(32))
-            rows, last = build_rows(batch, existing, position, previous, recorded_at, sqlite=True)
+            # Optimistic: insert as if no event id were stored yet (the unique index checks each one
+            # anyway); only when one is — a spool replay, a re-import — look them up and redo.
+            rows, last = build_rows(batch, set(), position, previous, recorded_at, sqlite=True)
             if rows:
-                conn.executemany(_INSERT_EVENTS, rows)
+                conn.execute("SAVEPOINT ledger_events_insert")
+                try:
+                    conn.executemany(_INSERT_EVENTS, rows)
+                except sqlite3.IntegrityError:
+                    conn.execute("ROLLBACK TO ledger_events_insert")
+                    existing = self._existing(conn, [e.event_id for e in batch])
+                    rows, last = build_rows(batch, existing, position, previous, recorded_at, sqlite=True)
+                    if rows:
+                        conn.executemany(_INSERT_EVENTS, rows)
+                conn.execute("RELEASE ledger_events_insert")
             conn.execute("COMMIT")
         except BaseException as exc:
             try:

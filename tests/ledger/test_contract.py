@@ -119,3 +119,19 @@ async def test_writer_resolves_thousands_of_submissions_in_one_batch(database: D
         assert writer.last_position == 1200
     assert outcomes == ["committed"] * 1200
     assert (await verify_chain(database)).checked == 1200
+
+
+async def test_a_batch_with_a_stored_event_id_still_stores_its_new_events_and_bodies(database: Database) -> None:
+    # the optimistic insert fails on the stored id; the retry must keep everything else of the batch
+    first = call_events(1)
+    await append_events(database, first)
+    body = b"a body first seen in the retried batch" * 10
+    prepared = BlobCompressor().prepare(body)
+    assert prepared is not None
+    fresh = call_events(2, body_hash=prepared.hash)
+    result = await append_events(database, [fresh[0], first[1], fresh[1], first[0]], [prepared])
+    assert (result.appended, result.duplicates, result.last_position) == (2, 2, 4)
+    assert [e.event_id async for e in iter_events(database)] == [e.event_id for e in first + fresh]
+    async with database.engine.connect() as conn:
+        assert await read_blob(conn, prepared.hash) == body
+    assert (await verify_chain(database)).ok
