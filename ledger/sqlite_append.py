@@ -4,16 +4,24 @@ Through aiosqlite every statement is a hop to its thread and back through the ev
 gateway loop then stretched one append into many loop turns. Here the whole transaction — blobs,
 tail, inserts, commit — runs in one call on the appender's own thread with the
 standard `sqlite3` module (which releases the GIL while SQLite works).
+
+Checkpoints (copying the WAL back into the database file) run on a second thread with its own
+connection, `PASSIVE` so they never block an append: inline, SQLite's automatic checkpoint ran
+inside the COMMIT that crossed its threshold (≈ 1,000 pages) and stalled that batch and every
+producer waiting on it. The appender still checkpoints inline if the background falls
+`_BACKSTOP_PAGES` behind. Durability is unchanged: every COMMIT syncs the WAL as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from typing import cast
 
 from ledger._rows import EVENT_COLUMNS, build_rows, sqlite_time
 from ledger.blobs import PreparedBlob
@@ -29,6 +37,56 @@ _INSERT_BLOBS = (
     "INSERT INTO ledger_blobs (hash, size, codec, stored_size, content, created_at) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (hash) DO NOTHING"
 )
+# What a batch writes to the WAL, roughly: its payloads and bodies, plus index pages per event and
+# per commit; a background checkpoint is asked for every `_CHECKPOINT_BYTES` of that.
+_CHECKPOINT_BYTES = 4 << 20  # about SQLite's own threshold (1,000 pages of 4 KiB)
+_ROW_OVERHEAD = 1024
+_COMMIT_OVERHEAD = 16 << 10
+_BACKSTOP_PAGES = 10_000
+
+
+class _Checkpointer:
+    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own thread; requests coalesce."""
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite-checkpoint")
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.Lock()
+        self._queued = False
+        self.completed = 0  # checkpoints run (for tests and diagnostics)
+
+    def request(self) -> None:
+        with self._lock:
+            if self._queued:
+                return
+            self._queued = True
+        self._executor.submit(self._checkpoint)
+
+    def close(self) -> None:
+        def close_connection() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        self._executor.submit(close_connection).result()
+        self._executor.shutdown(wait=True)
+
+    def _checkpoint(self) -> None:
+        with self._lock:
+            self._queued = False
+        try:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+                self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.completed += 1
+        except sqlite3.Error:
+            # the appender's backstop checkpoints inline meanwhile; reconnect on the next request
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
 
 class SqliteAppender:
@@ -39,6 +97,8 @@ class SqliteAppender:
         self.synchronous = synchronous
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite-append")
         self._conn: sqlite3.Connection | None = None
+        self._checkpointer = _Checkpointer(path, synchronous) if path not in ("", ":memory:") else None
+        self._unchecked_bytes = 0  # estimated WAL bytes written since the last checkpoint request
 
     async def append(
         self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
@@ -55,6 +115,8 @@ class SqliteAppender:
 
         self._executor.submit(close_connection).result()
         self._executor.shutdown(wait=True)
+        if self._checkpointer is not None:
+            self._checkpointer.close()
 
     # -- on the appender thread ---------------------------------------------------------------
     def _connection(self) -> sqlite3.Connection:
@@ -63,6 +125,8 @@ class SqliteAppender:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA busy_timeout=30000")
+            if self._checkpointer is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
             self._conn = conn
         return self._conn
 
@@ -108,6 +172,16 @@ class SqliteAppender:
             if isinstance(exc, sqlite3.Error):
                 raise LedgerError(f"append to SQLite ledger {self.path} failed: {exc}") from exc
             raise
+        if self._checkpointer is not None:
+            self._unchecked_bytes += (
+                _COMMIT_OVERHEAD
+                + sum(len(cast(str, row[6])) for row in rows)
+                + _ROW_OVERHEAD * len(rows)
+                + sum(len(blob.content) for blob in blobs)
+            )
+            if self._unchecked_bytes >= _CHECKPOINT_BYTES:
+                self._unchecked_bytes = 0
+                self._checkpointer.request()
         return len(rows), len(batch) - len(rows), last
 
     def _existing(self, conn: sqlite3.Connection, ids: list[uuid.UUID]) -> set[uuid.UUID]:

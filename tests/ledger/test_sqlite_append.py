@@ -1,0 +1,69 @@
+"""SQLite specifics of the appender: WAL checkpoints on their own thread, never inside an append."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import ledger.sqlite_append as sqlite_append
+from ledger.append import append_events
+from ledger.db import open_database
+from ledger.migrate import upgrade_database
+from ledger.read import iter_events
+from ledger.verify import verify_chain
+from ledger.writer import EventWriter
+from tests.ledger.helpers import call_events
+
+
+async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_append, "_CHECKPOINT_BYTES", 1)  # ask after every commit
+    path = tmp_path / "l.db"
+    database = open_database(f"sqlite:///{path}")
+    await upgrade_database(database)
+    appender = database.sqlite_appender
+    assert appender is not None and appender._checkpointer is not None
+
+    async def reader() -> int:
+        seen = 0
+        for _ in range(20):
+            seen = max(seen, len([e async for e in iter_events(database)]))
+            await asyncio.sleep(0)
+        return seen
+
+    async with EventWriter(database, batch_max_events=50) as writer:
+        producers = [writer.append(call_events(i)) for i in range(300)]
+        outcomes, seen = await asyncio.gather(asyncio.gather(*producers), reader())
+    assert set(outcomes) == {"committed"} and seen <= 600
+    report = await verify_chain(database)
+    assert report.ok and report.checked == 600
+    await database.dispose()  # waits for a checkpoint in flight
+    assert appender._checkpointer.completed >= 1
+    # what the checkpoints copied is in the database file itself: nothing is left only in the WAL
+    conn = sqlite3.connect(path)
+    try:
+        busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert busy == 0 and wal_frames == copied
+        assert conn.execute("SELECT count(*) FROM ledger_events").fetchone()[0] == 600
+    finally:
+        conn.close()
+
+
+async def test_the_appender_checkpoints_inline_only_far_behind(tmp_path: Path) -> None:
+    database = open_database(f"sqlite:///{tmp_path / 'l.db'}")
+    await upgrade_database(database)
+    try:
+        await append_events(database, call_events(1))
+        appender = database.sqlite_appender
+        assert appender is not None
+
+        def autocheckpoint() -> int:
+            return int(appender._connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+
+        assert await asyncio.wrap_future(appender._executor.submit(autocheckpoint)) == sqlite_append._BACKSTOP_PAGES
+    finally:
+        await database.dispose()
