@@ -43,6 +43,7 @@ _CHECKPOINT_BYTES = 4 << 20  # about SQLite's own threshold (1,000 pages of 4 Ki
 _ROW_OVERHEAD = 1024
 _COMMIT_OVERHEAD = 16 << 10
 _BACKSTOP_PAGES = 10_000
+_CACHE_KIB = -65536  # negative: KiB, as SQLite's PRAGMA cache_size takes it
 
 
 class _Checkpointer:
@@ -125,6 +126,9 @@ class SqliteAppender:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={self.synchronous}")
             conn.execute("PRAGMA busy_timeout=30000")
+            # up to 64 MiB of pages (default 2 MiB): the id and stream indexes take random inserts,
+            # and with the default cache each batch re-read their pages that the appended rows evicted
+            conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
             if self._checkpointer is not None:
                 conn.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
             self._conn = conn

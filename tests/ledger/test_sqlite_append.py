@@ -53,7 +53,7 @@ async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on
         conn.close()
 
 
-async def test_the_appender_checkpoints_inline_only_far_behind(tmp_path: Path) -> None:
+async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_pages(tmp_path: Path) -> None:
     database = open_database(f"sqlite:///{tmp_path / 'l.db'}")
     await upgrade_database(database)
     try:
@@ -61,9 +61,16 @@ async def test_the_appender_checkpoints_inline_only_far_behind(tmp_path: Path) -
         appender = database.sqlite_appender
         assert appender is not None
 
-        def autocheckpoint() -> int:
-            return int(appender._connection().execute("PRAGMA wal_autocheckpoint").fetchone()[0])
+        def pragmas() -> tuple[int, int]:
+            conn = appender._connection()
+            return (
+                conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0],
+                conn.execute("PRAGMA cache_size").fetchone()[0],
+            )
 
-        assert await asyncio.wrap_future(appender._executor.submit(autocheckpoint)) == sqlite_append._BACKSTOP_PAGES
+        assert await asyncio.wrap_future(appender._executor.submit(pragmas)) == (
+            sqlite_append._BACKSTOP_PAGES,
+            sqlite_append._CACHE_KIB,
+        )
     finally:
         await database.dispose()
