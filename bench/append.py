@@ -157,7 +157,7 @@ async def fresh_database(
 
 
 async def bench_events(database: Database, total: int) -> float:
-    """Events/s: `total` single-event submissions, 500 producers in flight, one group-commit writer."""
+    """Events/s: `total` single-event submissions, 5,000 in flight at a time, one group-commit writer."""
     batches = [call_events(i, "bench")[:1] for i in range(total)]
     async with EventWriter(database, batch_max_events=5000) as writer:
         started = time.perf_counter()
