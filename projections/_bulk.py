@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from projections._bulk_sqlite import SQLITE_STATEMENTS
+
 __all__ = ("drop_work_tables", "insert_plain_calls", "prepare_calls", "remaining_positions")
 
 _TYPES = "('call.started', 'call.finished', 'call.failed', 'call.imported', 'call.retagged')"
@@ -124,37 +126,6 @@ FROM (
 """
 
 
-_SQLITE_TS = (
-    "(CASE WHEN {v} GLOB '????-??-??T??:??:??Z' THEN substr({v}, 1, 10) || ' ' || substr({v}, 12, 8) || '.000000' "
-    "WHEN {v} GLOB '????-??-??T??:??:??.??????Z' THEN substr({v}, 1, 10) || ' ' || substr({v}, 12, 15) END)"
-)
-_SQLITE_US = "(CAST(strftime('%s', substr({t}, 1, 19)) AS INTEGER) * 1000000 + CAST(substr({t}, 21, 6) AS INTEGER))"
-_SQLITE_SECONDS = "({a}_us - {b}_us) / 1000000.0"
-_SQLITE_TAGS = (
-    "(CASE WHEN json_extract(sp, '$.tags') IS NULL THEN '{{}}' "
-    "WHEN json_type(sp, '$.tags') = 'object' AND instr(json_extract(sp, '$.tags'), '\\') = 0 "
-    "THEN json_extract(sp, '$.tags') END)"
-)
-_SQLITE = {
-    # `+type`: scan the table in position order rather than through the type index (calls are most events)
-    "summary": _summary("json_extract(payload, '$.call_id')", "group_concat(position)", "+type"),
-    "raw": "CREATE TEMP TABLE rebuild_raw AS "
-    + _plain("json_extract({doc}, '$.{path}')", _SQLITE_TAGS.format(), "{p}", "LIMIT -1"),
-    "rows": _rows(
-        "json_extract({doc}, '$.{path}')",
-        _SQLITE_TAGS.format(),
-        "{p}",
-        _SQLITE_TS,
-        _SQLITE_SECONDS,
-        "{v}",
-        "LIMIT -1",
-        "".join(
-            f", {_SQLITE_US.format(t=c)} AS {c}_us"
-            for c in ("started_at", "first_token_at", "last_token_at", "ended_at")
-        ),
-    ),
-}
-
 _PG_TS = (
     "(CASE WHEN {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z' THEN {v}::timestamptz END)"
 )
@@ -200,12 +171,19 @@ def _pg_fill(sql: str) -> str:
 _PG["raw"] = _pg_fill(_PG["raw"])
 
 
-def _sql(conn: AsyncConnection) -> dict[str, str]:
-    return _PG if conn.dialect.name == "postgresql" else _SQLITE
+_WORK_TABLES = (
+    "rebuild_calls",
+    "rebuild_raw",
+    "rebuild_rows",
+    "rebuild_rest",
+    "rebuild_starts",
+    "rebuild_ends",
+    "rebuild_other",
+)
 
 
 async def drop_work_tables(conn: AsyncConnection) -> None:
-    for table in ("rebuild_calls", "rebuild_raw", "rebuild_rows", "rebuild_rest"):
+    for table in _WORK_TABLES:
         await conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
 
 
@@ -215,10 +193,13 @@ async def prepare_calls(conn: AsyncConnection, head: int) -> None:
     Reads the ledger only (no write lock on SQLite); `insert_plain_calls` then copies the rows.
     """
     await drop_work_tables(conn)
-    sql = _sql(conn)
-    await conn.execute(text(sql["summary"]), {"head": head})
-    await conn.execute(text(sql["raw"]))
-    await conn.execute(text(sql["rows"]))
+    if conn.dialect.name != "postgresql":
+        for statement in SQLITE_STATEMENTS:
+            await conn.execute(text(statement), {"head": head} if ":head" in statement else {})
+        return
+    await conn.execute(text(_PG["summary"]), {"head": head})
+    await conn.execute(text(_PG["raw"]))
+    await conn.execute(text(_PG["rows"]))
     await conn.execute(
         text(
             "CREATE TEMP TABLE rebuild_rest AS SELECT row_number() OVER () AS k, positions FROM rebuild_calls "
@@ -230,10 +211,11 @@ async def prepare_calls(conn: AsyncConnection, head: int) -> None:
 
 async def insert_plain_calls(conn: AsyncConnection, version: int) -> int:
     """Insert the prepared row of every plain call into `version`; returns how many."""
-    result = await conn.execute(
-        text(f"INSERT INTO projection_calls ({_COLUMNS}) SELECT :version, * FROM rebuild_rows ORDER BY call_id"),
-        {"version": version},
-    )
+    if conn.dialect.name == "postgresql":
+        select_ = "SELECT :version, * FROM rebuild_rows ORDER BY call_id"
+    else:  # rows were written in call-id order
+        select_ = f"SELECT :version, {_COLUMNS.split(', ', 1)[1]} FROM rebuild_rows WHERE plain ORDER BY rowid"
+    result = await conn.execute(text(f"INSERT INTO projection_calls ({_COLUMNS}) {select_}"), {"version": version})
     return int(result.rowcount or 0)
 
 
