@@ -178,7 +178,6 @@ _WORK_TABLES = (
     "rebuild_rest",
     "rebuild_starts",
     "rebuild_ends",
-    "rebuild_other",
 )
 
 

@@ -1,8 +1,8 @@
 """The SQLite statements of the bulk calls load: every payload parsed once, calls paired through an index.
 
-    ledger_events ≤ head ─┬─ call.started ──json, typed──► temp rebuild_starts (one row per start)
-        (one scan each,   ├─ call.finished / call.failed ──► temp rebuild_ends (one row per end)
-         position order)  └─ call.imported / call.retagged ──► temp rebuild_other (call id, position)
+    ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json, typed──► temp rebuild_starts
+        (one scan each,   └─ call.finished / call.failed ──json, typed──► temp rebuild_ends
+         position order)
     starts in call-id order ⟕ their end (index on call id) ──► temp rebuild_rows (+ `plain` flag)
     every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
 
@@ -41,6 +41,11 @@ def _us(t: str) -> str:
     return _US.format(t=t)
 
 
+def _raw_us(raw: str) -> str:
+    """Integer microseconds since the epoch of a timestamp in one of `_TS`'s shapes (NULL otherwise irrelevant)."""
+    return f"(unixepoch(substr({raw}, 1, 19)) * 1000000 + CASE WHEN substr({raw}, 20, 1) = '.' THEN substr({raw}, 21, 6) ELSE 0 END)"
+
+
 def _valid(raw: str, typed: str) -> str:
     return f"({raw} IS NULL OR {typed} IS NOT NULL)"
 
@@ -50,20 +55,21 @@ def _shape(raw: str) -> str:
     return f"({raw} IS NULL OR {raw} GLOB '????-??-??T??:??:??Z' OR {raw} GLOB '????-??-??T??:??:??.??????Z')"
 
 
+# Starts, and the few imports and retags (`started` = 0): any of those makes its call not plain.
 _STARTS = f"""
 CREATE TEMP TABLE rebuild_starts AS
-SELECT cid, pos, run, ticker, model, request_blob, tags, started_at, {_us("started_at")} AS started_us
+SELECT cid, pos, started, run, ticker, model, request_blob, tags, started_at, {_us("started_at")} AS started_us
 FROM (
-  SELECT cid, pos, run, ticker, model, request_blob,
+  SELECT cid, pos, started, run, ticker, model, request_blob,
          CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_type = 'object' AND instr(tags, '\\') = 0 THEN tags END AS tags,
          {_ts("received_at")} AS started_at
   FROM (
-    SELECT {_J.format(path="call_id")} AS cid, position AS pos, {_J.format(path="run")} AS run,
-           {_J.format(path="tags.ticker")} AS ticker, {_J.format(path="tags")} AS tags,
+    SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.started' AS started,
+           {_J.format(path="run")} AS run, {_J.format(path="tags.ticker")} AS ticker, {_J.format(path="tags")} AS tags,
            json_type(payload, '$.tags') AS tags_type, {_J.format(path="model")} AS model,
            {_J.format(path="request_blob")} AS request_blob, {_J.format(path="received_at")} AS received_at
     FROM ledger_events
-    WHERE position <= :head AND +type = 'call.started'
+    WHERE position <= :head AND +type IN ('call.started', 'call.imported', 'call.retagged')
     LIMIT -1
   ) LIMIT -1
 ) LIMIT -1
@@ -72,38 +78,27 @@ FROM (
 _ENDS = f"""
 CREATE TEMP TABLE rebuild_ends AS
 SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
-       first_token_at, last_token_at, ended_at, valid,
-       {_us("first_token_at")} AS first_us, {_us("last_token_at")} AS last_us, {_us("ended_at")} AS ended_us
+       {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
+       COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
+       {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
+       AND {_shape("t_finished")} AS valid,
+       {_raw_us("t_first")} AS first_us, {_raw_us("t_last")} AS last_us,
+       {_raw_us("COALESCE(t_finished, t_last, t_headers, t_received)")} AS ended_us
 FROM (
-  SELECT *, COALESCE(finished_at, last_token_at, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
-         {_shape("t_received")} AND {_shape("t_headers")} AND {_valid("t_first", "first_token_at")}
-         AND {_valid("t_last", "last_token_at")} AND {_valid("t_finished", "finished_at")} AS valid
-  FROM (
-    SELECT *, {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at, {_ts("t_finished")} AS finished_at
-    FROM (
-      SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
-             CASE WHEN type = 'call.finished' THEN {_J.format(path="status")}
-                  ELSE {_J.format(path="client_status")} END AS http_status,
-             CASE WHEN type = 'call.failed' THEN {_J.format(path="reason")} END AS reason,
-             {_J.format(path="response_blob")} AS response_blob, {_J.format(path="usage_source")} AS usage_source,
-             {_J.format(path="usage.prompt_tokens")} AS prompt, {_J.format(path="usage.completion_tokens")} AS completion,
-             {_J.format(path="usage.cached_tokens")} AS cached,
-             {_J.format(path="timings.received")} AS t_received, {_J.format(path="timings.upstream_headers")} AS t_headers,
-             {_J.format(path="timings.first_token")} AS t_first, {_J.format(path="timings.last_token")} AS t_last,
-             {_J.format(path="timings.finished")} AS t_finished
-      FROM ledger_events
-      WHERE position <= :head AND +type IN ('call.finished', 'call.failed')
-      LIMIT -1
-    ) LIMIT -1
-  ) LIMIT -1
+  SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
+         CASE WHEN type = 'call.finished' THEN {_J.format(path="status")}
+              ELSE {_J.format(path="client_status")} END AS http_status,
+         CASE WHEN type = 'call.failed' THEN {_J.format(path="reason")} END AS reason,
+         {_J.format(path="response_blob")} AS response_blob, {_J.format(path="usage_source")} AS usage_source,
+         {_J.format(path="usage.prompt_tokens")} AS prompt, {_J.format(path="usage.completion_tokens")} AS completion,
+         {_J.format(path="usage.cached_tokens")} AS cached,
+         {_J.format(path="timings.received")} AS t_received, {_J.format(path="timings.upstream_headers")} AS t_headers,
+         {_J.format(path="timings.first_token")} AS t_first, {_J.format(path="timings.last_token")} AS t_last,
+         {_J.format(path="timings.finished")} AS t_finished
+  FROM ledger_events
+  WHERE position <= :head AND +type IN ('call.finished', 'call.failed')
+  LIMIT -1
 ) LIMIT -1
-"""
-
-_OTHER = """
-CREATE TEMP TABLE rebuild_other AS
-SELECT json_extract(payload, '$.call_id') AS cid, position AS pos
-FROM ledger_events
-WHERE position <= :head AND +type IN ('call.imported', 'call.retagged')
 """
 
 # One row per start (two if it has two ends), in call-id order; only `plain` rows are copied.
@@ -128,41 +123,34 @@ FROM (
          (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
          s.tags IS NOT NULL AND s.started_at IS NOT NULL
          AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND (SELECT count(*) FROM rebuild_ends x WHERE x.cid = s.cid) = 1))
-         AND (SELECT count(*) FROM rebuild_starts x WHERE x.cid = s.cid) = 1
-         AND NOT EXISTS (SELECT 1 FROM rebuild_other o WHERE o.cid = s.cid) AS plain
+         AND (SELECT count(*) FROM rebuild_starts x WHERE x.cid = s.cid) = 1 AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  WHERE s.cid IS NOT NULL
+  WHERE s.cid IS NOT NULL AND s.started
   ORDER BY s.cid
   LIMIT -1
 )
 """
 
-# Every event of a call that is not plain (a call id seen anywhere but not copied), grouped per call.
+# Every call that is not plain (a call id seen anywhere but not copied) with the positions of its events.
 _REST = """
 CREATE TEMP TABLE rebuild_rest AS
-SELECT row_number() OVER () AS k, positions FROM (
-  SELECT group_concat(pos) AS positions
-  FROM (
-    SELECT cid, pos FROM rebuild_starts
-    UNION ALL SELECT cid, pos FROM rebuild_ends
-    UNION ALL SELECT cid, pos FROM rebuild_other
-  ) x
-  WHERE x.cid IS NULL OR x.cid IN (
-    SELECT call_id FROM rebuild_rows WHERE NOT plain
-    UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
-    UNION SELECT cid FROM rebuild_other
-  )
-  GROUP BY x.cid
-)
+SELECT row_number() OVER () AS k,
+       (SELECT group_concat(pos) FROM (
+          SELECT pos FROM rebuild_starts x WHERE x.cid IS ids.cid
+          UNION ALL SELECT pos FROM rebuild_ends x WHERE x.cid IS ids.cid
+        )) AS positions
+FROM (
+  SELECT call_id AS cid FROM rebuild_rows WHERE NOT plain
+  UNION SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL
+  UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
+) ids
 """
 
 SQLITE_STATEMENTS: tuple[str, ...] = (
     _STARTS,
     _ENDS,
-    _OTHER,
     "CREATE INDEX temp.rebuild_starts_cid ON rebuild_starts (cid)",
     "CREATE INDEX temp.rebuild_ends_cid ON rebuild_ends (cid)",
-    "CREATE INDEX temp.rebuild_other_cid ON rebuild_other (cid)",
     _ROWS,
     _REST,
     "CREATE INDEX temp.rebuild_rest_k ON rebuild_rest (k)",
