@@ -30,7 +30,7 @@ from projections._bulk import drop_work_tables, insert_plain_calls, prepare_call
 from projections._slim import SFailed, SFinished, SStarted, decode_slim
 from projections.tables import calls
 
-__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call")
+__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call", "rows_digest")
 
 Row = dict[str, Any]
 CALL_COLUMNS: tuple[str, ...] = tuple(c.name for c in calls.columns)
@@ -300,22 +300,7 @@ class CallsProjection:
         """
         if conn.dialect.name == "sqlite":
             return await _sqlite_digest(conn, version)
-        digest = hashlib.sha256()
-        after = ""
-        while True:
-            result = await conn.execute(
-                select(*_DIGEST_COLUMNS)
-                .where(calls.c.version == version, calls.c.call_id > after)
-                .order_by(calls.c.call_id)
-                .limit(_DIGEST_PAGE)
-            )
-            rows = result.all()
-            for r in rows:
-                digest.update(_digest_encoder.encode(tuple(r)))
-                digest.update(b"\n")
-            if len(rows) < _DIGEST_PAGE:
-                return digest.hexdigest()
-            after = rows[-1][0]
+        return await rows_digest(conn, version)
 
     async def drop(self, conn: AsyncConnection, version: int) -> None:
         await conn.execute(delete(calls).where(calls.c.version == version))
@@ -335,3 +320,21 @@ async def _sqlite_digest(conn: AsyncConnection, version: int) -> str:
     finally:
         await cursor.close()
     return digest.hexdigest()
+
+
+async def rows_digest(conn: AsyncConnection, version: int) -> str:
+    """The digest of `CallsProjection.digest` from SQLAlchemy rows (values as the column types return them)."""
+    digest = hashlib.sha256()
+    after = ""
+    while True:
+        result = await conn.execute(
+            select(*_DIGEST_COLUMNS)
+            .where(calls.c.version == version, calls.c.call_id > after)
+            .order_by(calls.c.call_id)
+            .limit(_DIGEST_PAGE)
+        )
+        rows = result.all()
+        digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
+        if len(rows) < _DIGEST_PAGE:
+            return digest.hexdigest()
+        after = rows[-1][0]
