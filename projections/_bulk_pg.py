@@ -48,14 +48,18 @@ FROM (
   SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.finished' AS finished,
          (CASE WHEN e.type = 'call.finished' THEN r.status ELSE r.client_status END)::bigint AS http_status,
          CASE WHEN e.type = 'call.failed' THEN r.reason END AS reason, r.response_blob, r.usage_source,
-         (r.usage ->> 'prompt_tokens')::bigint AS prompt, (r.usage ->> 'completion_tokens')::bigint AS completion,
-         (r.usage ->> 'cached_tokens')::bigint AS cached,
-         r.timings ->> 'received' AS t_received, r.timings ->> 'upstream_headers' AS t_headers,
-         r.timings ->> 'first_token' AS t_first, r.timings ->> 'last_token' AS t_last,
-         r.timings ->> 'finished' AS t_finished
-  FROM ledger_events e,
-       json_to_record(e.payload::json) AS r(call_id text, status text, client_status text, reason text,
-                                            response_blob text, usage_source text, usage json, timings json)
+         u.prompt_tokens AS prompt, u.completion_tokens AS completion, u.cached_tokens AS cached,
+         t.received AS t_received, t.upstream_headers AS t_headers, t.first_token AS t_first, t.last_token AS t_last,
+         t.finished AS t_finished
+  FROM ledger_events e
+  CROSS JOIN LATERAL json_to_record(e.payload::json) AS r(call_id text, status text, client_status text, reason text,
+                                                          response_blob text, usage_source text, usage json,
+                                                          timings json)
+  LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint, cached_tokens bigint)
+    ON true
+  LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,
+                                                   last_token text, finished text)
+    ON true
   WHERE e.position <= :head AND e.type IN ('call.finished', 'call.failed')
   OFFSET 0
 ) x
