@@ -8,10 +8,10 @@
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
-decides). Each statement extracts a JSON field once (SQLite re-walks the payload on every
-`json_extract`) and computes each derived value once, in layers fenced with `LIMIT -1` so the
-planner does not inline them. Sorting happens once, on the call id alone (three small indexes),
-instead of grouping every event with its payload.
+decides). Each statement reads a JSON field once (every `json_extract` walks the payload's parse
+again and copies the value out) and computes each derived value once, in layers fenced with
+`LIMIT -1` so the planner does not inline them. Sorting happens once, on the call id alone (two
+small indexes), instead of grouping every event with its payload.
 
 Values, exactly as `fold_call` computes them for a plain call: timestamps only in the two shapes
 msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy stores them on SQLite
@@ -44,10 +44,6 @@ def _us(t: str) -> str:
 def _raw_us(raw: str) -> str:
     """Integer microseconds since the epoch of a timestamp in one of `_TS`'s shapes (NULL otherwise irrelevant)."""
     return f"(unixepoch(substr({raw}, 1, 19)) * 1000000 + CASE WHEN substr({raw}, 20, 1) = '.' THEN substr({raw}, 21, 6) ELSE 0 END)"
-
-
-def _valid(raw: str, typed: str) -> str:
-    return f"({raw} IS NULL OR {typed} IS NOT NULL)"
 
 
 def _shape(raw: str) -> str:
