@@ -30,7 +30,7 @@ from projections._bulk import drop_work_tables, insert_plain_calls, prepare_call
 from projections._slim import SFailed, SFinished, SStarted, decode_slim
 from projections.tables import calls
 
-__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call")
+__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call", "rows_digest")
 
 Row = dict[str, Any]
 CALL_COLUMNS: tuple[str, ...] = tuple(c.name for c in calls.columns)
@@ -50,26 +50,36 @@ _SQLITE_UPSERT = (
 
 _DIGEST_PAGE = 20_000
 _DIGEST_COLUMNS = [c for c in calls.columns if c.name != "version"]
-_SQLITE_DIGEST_PAGE = (
-    f"SELECT {', '.join(c.name for c in _DIGEST_COLUMNS)} FROM {calls.name} "
-    "WHERE version = ? AND call_id > ? ORDER BY call_id LIMIT ?"
-)
 _TIME_INDEXES = tuple(i for i, c in enumerate(_DIGEST_COLUMNS) if isinstance(c.type, UTCDateTime))
+_ODD = "\x00"  # prefixed (in SQL) to a stored datetime not in SQLAlchemy's shape; escaped by msgspec as \u0000
 
 
-def _stored_times_as_rfc3339(row: Sequence[Any]) -> list[Any]:
-    """A raw SQLite row with each stored datetime (`YYYY-MM-DD HH:MM:SS.ffffff`, naive UTC) as msgspec encodes it."""
+def _rfc3339_sql(name: str) -> str:
+    """SQL: a stored SQLite datetime (`YYYY-MM-DD HH:MM:SS.ffffff`, naive UTC) as msgspec encodes it (RFC 3339).
+
+    In that shape the only `.000000` is the fraction; any other stored text is marked with `_ODD`.
+    """
+    return (
+        f"CASE WHEN {name} GLOB '????-??-?? ??:??:??.??????' "
+        f"THEN replace(replace({name}, ' ', 'T'), '.000000', '') || 'Z' ELSE char(0) || {name} END"
+    )
+
+
+_SQLITE_DIGEST = (
+    "SELECT "
+    + ", ".join(_rfc3339_sql(c.name) if i in _TIME_INDEXES else c.name for i, c in enumerate(_DIGEST_COLUMNS))
+    + f" FROM {calls.name} WHERE version = ? ORDER BY call_id"
+)
+
+
+def _odd_times_parsed(row: Sequence[Any]) -> tuple[Any, ...]:
+    """A digest row whose stored datetimes SQL could not rewrite: parse those as SQLAlchemy would."""
     out = list(row)
     for i in _TIME_INDEXES:
         value = out[i]
-        if value is None:
-            continue
-        if len(value) == 26 and value[10] == " " and value[19] == ".":
-            fraction = value[19:] if value[20:] != "000000" else ""
-            out[i] = f"{value[:10]}T{value[11:19]}{fraction}Z"
-        else:  # any other stored shape: parsed, as SQLAlchemy would
-            out[i] = datetime.fromisoformat(value).replace(tzinfo=UTC)
-    return out
+        if isinstance(value, str) and value.startswith(_ODD):
+            out[i] = datetime.fromisoformat(value[1:]).replace(tzinfo=UTC)
+    return tuple(out)
 
 
 def _sqlite_value(value: Any) -> Any:
@@ -250,7 +260,8 @@ class CallsProjection:
                 page.extend((r[0], r[1], r[2]) for r in result)
             page.sort()
             await self.apply(conn, version, page)
-        await drop_work_tables(conn)
+        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection, temp tables and all
+            await drop_work_tables(conn)
 
     async def _load(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, Row]:
         found: dict[str, Row] = {}
@@ -282,33 +293,48 @@ class CallsProjection:
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat).
 
-        Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC). On SQLite the
-        stored datetime text is rewritten to that form directly, which is what decoding it to a
-        `datetime` and encoding that would give, without the per-value round trip.
+        Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC), one per line.
+        On SQLite the stored datetime text is rewritten to that form in SQL and the rows are read
+        as plain tuples from the driver and encoded a page at a time, which is what decoding each
+        value to a `datetime` and encoding that would give, without the per-value round trip.
         """
-        digest = hashlib.sha256()
-        after = ""
-        sqlite_ = conn.dialect.name == "sqlite"
-        while True:
-            if sqlite_:
-                rows: Sequence[Any] = [
-                    _stored_times_as_rfc3339(r)
-                    for r in await conn.exec_driver_sql(_SQLITE_DIGEST_PAGE, (version, after, _DIGEST_PAGE))
-                ]
-            else:
-                result = await conn.execute(
-                    select(*_DIGEST_COLUMNS)
-                    .where(calls.c.version == version, calls.c.call_id > after)
-                    .order_by(calls.c.call_id)
-                    .limit(_DIGEST_PAGE)
-                )
-                rows = result.all()
-            for r in rows:
-                digest.update(_digest_encoder.encode(tuple(r)))
-                digest.update(b"\n")
-            if len(rows) < _DIGEST_PAGE:
-                return digest.hexdigest()
-            after = rows[-1][0]
+        if conn.dialect.name == "sqlite":
+            return await _sqlite_digest(conn, version)
+        return await rows_digest(conn, version)
 
     async def drop(self, conn: AsyncConnection, version: int) -> None:
         await conn.execute(delete(calls).where(calls.c.version == version))
+
+
+async def _sqlite_digest(conn: AsyncConnection, version: int) -> str:
+    digest = hashlib.sha256()
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    cursor = await driver.execute(_SQLITE_DIGEST, (version,))
+    try:
+        while rows := await cursor.fetchmany(_DIGEST_PAGE):
+            lines = _digest_encoder.encode_lines(rows)
+            if b"\\u0000" in lines:  # a datetime SQL left alone (or a NUL in some text: harmless)
+                lines = _digest_encoder.encode_lines([_odd_times_parsed(r) for r in rows])
+            digest.update(lines)
+    finally:
+        await cursor.close()
+    return digest.hexdigest()
+
+
+async def rows_digest(conn: AsyncConnection, version: int) -> str:
+    """The digest of `CallsProjection.digest` from SQLAlchemy rows (values as the column types return them)."""
+    digest = hashlib.sha256()
+    after = ""
+    while True:
+        result = await conn.execute(
+            select(*_DIGEST_COLUMNS)
+            .where(calls.c.version == version, calls.c.call_id > after)
+            .order_by(calls.c.call_id)
+            .limit(_DIGEST_PAGE)
+        )
+        rows = result.all()
+        digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
+        if len(rows) < _DIGEST_PAGE:
+            return digest.hexdigest()
+        after = rows[-1][0]

@@ -196,15 +196,28 @@ async def _apply_page(
         await conn.close()
 
 
+# The bulk load's own SQLite connection: a bounded page cache for the ledger and for its temp tables
+# (the work tables spill to a temp file beyond it, so memory stays flat however long the ledger).
+# Connection-local: the ledger's durability settings (journal, synchronous) are untouched.
+_SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
+
+
 async def load_version(database: Database, name: str, version: int, head: int) -> None:
     """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
 
     The projection first reads what it needs (`prepare`, no write lock), then writes every row and
-    the checkpoint in one writer transaction. Raises `_Moved` if the version is not empty.
+    the checkpoint in one writer transaction. Raises `_Moved` if the version is not empty. On SQLite
+    the connection is discarded afterwards: its temp tables go with it (one file deleted, instead
+    of freeing their pages one by one) and so do its pragmas.
     """
     projection = _projection(name)
     conn = await database.engine.connect()
+    sqlite_ = conn.dialect.name == "sqlite"
     try:
+        if sqlite_:
+            for pragma in _SQLITE_LOAD_PRAGMAS:
+                await conn.exec_driver_sql(pragma)
+            await conn.commit()
         async with conn.begin():
             await projection.prepare(conn, head)
         await conn.execution_options(**{WRITER_OPTION: True})
@@ -214,6 +227,8 @@ async def load_version(database: Database, name: str, version: int, head: int) -
             await projection.load(conn, version, head)
             await _write_checkpoint(conn, name, version, head)
     finally:
+        if sqlite_:
+            await conn.invalidate()
         await conn.close()
 
 

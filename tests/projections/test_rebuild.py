@@ -28,6 +28,7 @@ from ledger.events import (
 from ledger.read import head_position, iter_events
 from ledger.schema import checkpoints
 from projections._bulk import insert_plain_calls, prepare_calls
+from projections.calls import rows_digest
 from projections.engine import (
     PROJECTIONS,
     catch_up,
@@ -274,3 +275,68 @@ async def test_formula_promotion_and_recompute(database: Database) -> None:
     await set_formula(database, "per_call_mean")
     (row,) = await runs_report(database)
     assert row.formula == "per_call_mean" and row.throughput_tps == 7.5
+
+
+async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
+    """Only the plain call goes through SQL; imports, retags, orphan, early, repeated events reach the fold."""
+    imported = CallImported(
+        call_id="imp", source="s", line=1, started_at=at(0), finished_at=at(5), input_tokens=10, output_tokens=5
+    )
+    await append(
+        database,
+        started("plain", 0, run="r", ticker="T"),
+        new_event(imported, stream="call-imp"),
+        finished("plain", 0, 3),
+        finished("imp", 0, 6),  # an end after an import
+        finished("orphan", 1, 2),  # an end without a start
+        started("late", 2),
+        finished("late", 2, 4),
+        new_event(CallRetagged(call_id="late", reason="fix", run="r2", tags={"ticker": "U"}), stream="call-late"),
+        finished("early", 3, 4),  # the end before the start
+        started("early", 3),
+        started("twice", 4),
+        started("twice", 5),  # a repeated start
+        finished("twice", 5, 6),
+        started("ends", 6),
+        finished("ends", 6, 7),
+        finished("ends", 6, 8),  # a repeated end
+    )
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+    async with database.engine.connect() as conn, conn.begin():
+        await prepare_calls(conn, head)
+        assert await insert_plain_calls(conn, 40) == 1
+        await conn.rollback()
+    await catch_up(database, "calls", 41)
+    await load_version(database, "calls", 42, head)
+    calls_projection = PROJECTIONS["calls"]
+    async with database.engine.connect() as conn:
+        assert await calls_projection.digest(conn, 41) == await calls_projection.digest(conn, 42)
+        loaded = (await conn.execute(select(calls.c.call_id).where(calls.c.version == 42))).scalars()
+        assert sorted(loaded) == ["early", "ends", "imp", "late", "orphan", "plain", "twice"]
+
+
+async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> None:
+    """The SQLite digest (datetimes rewritten in SQL) is the digest of the rows as SQLAlchemy types them,
+    also for stored datetimes in another shape and text with a NUL in it."""
+    await append(
+        database,
+        started("a", 0, run="r", ticker="T"),
+        finished("a", 0, 10.25),
+        started("b", 1.5),
+        failed("c", 2, 3),
+    )
+    await catch_up(database, "calls")
+    version = 1  # the live version, never rebuilt
+    if database.backend == "sqlite":
+        async with database.engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "UPDATE projection_calls SET started_at = '2026-03-02 12:00:01' WHERE call_id = 'b'"
+            )
+            await conn.exec_driver_sql(
+                "UPDATE projection_calls SET tags = '{\"k\":\"' || char(0) || '\"}' WHERE call_id = 'a'"
+            )
+    async with database.engine.connect() as conn:
+        rows = (await conn.execute(select(calls.c.call_id, calls.c.started_at).where(calls.c.version == version))).all()
+        assert len(rows) == 3
+        assert await PROJECTIONS["calls"].digest(conn, version) == await rows_digest(conn, version)

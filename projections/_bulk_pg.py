@@ -1,0 +1,123 @@
+"""The PostgreSQL statements of the bulk calls load: each payload parsed once, calls paired by hash joins.
+
+    ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json_to_record──► temp rebuild_starts
+                          └─ call.finished / call.failed ──json_to_record──► temp rebuild_ends
+    starts ⟕ their end, with the number of events per call id ──► temp rebuild_rows (+ `plain` flag)
+    every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
+
+`json_to_record` reads every field a statement needs in one pass over the payload text (no
+`::jsonb` of whole payloads). Values as `fold_call` computes them, with the same rules as the
+SQLite statements (`_bulk_sqlite`): timestamps only in the two shapes msgspec writes for UTC,
+tags only when their stored JSON is canonical, durations exact (`EXTRACT(EPOCH …)` is numeric).
+"""
+
+from __future__ import annotations
+
+__all__ = ("PG_STATEMENTS",)
+
+
+def _ts(v: str) -> str:
+    return f"(CASE WHEN {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z' THEN {v}::timestamptz END)"
+
+
+def _shape(v: str) -> str:
+    return f"({v} IS NULL OR {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z')"
+
+
+_STARTS = f"""
+CREATE TEMP TABLE rebuild_starts AS
+SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.started' AS started, r.run, r.tags ->> 'ticker' AS ticker,
+       r.model, r.request_blob,
+       CASE WHEN r.tags IS NULL THEN '{{}}'
+            WHEN json_typeof(r.tags) = 'object' AND strpos(r.tags::text, '\\') = 0 THEN r.tags::text END AS tags,
+       {_ts("r.received_at")} AS started_at
+FROM ledger_events e,
+     json_to_record(e.payload::json) AS r(call_id text, run text, tags json, model text, request_blob text,
+                                          received_at text)
+WHERE e.position <= :head AND e.type IN ('call.started', 'call.imported', 'call.retagged')
+"""
+
+_ENDS = f"""
+CREATE TEMP TABLE rebuild_ends AS
+SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+       {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
+       COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
+       {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
+       AND {_shape("t_finished")} AS valid
+FROM (
+  SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.finished' AS finished,
+         (CASE WHEN e.type = 'call.finished' THEN r.status ELSE r.client_status END)::bigint AS http_status,
+         CASE WHEN e.type = 'call.failed' THEN r.reason END AS reason, r.response_blob, r.usage_source,
+         u.prompt_tokens AS prompt, u.completion_tokens AS completion, u.cached_tokens AS cached,
+         t.received AS t_received, t.upstream_headers AS t_headers, t.first_token AS t_first, t.last_token AS t_last,
+         t.finished AS t_finished
+  FROM ledger_events e
+  CROSS JOIN LATERAL json_to_record(e.payload::json) AS r(call_id text, status text, client_status text, reason text,
+                                                          response_blob text, usage_source text, usage json,
+                                                          timings json)
+  LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint, cached_tokens bigint)
+    ON true
+  LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,
+                                                   last_token text, finished text)
+    ON true
+  WHERE e.position <= :head AND e.type IN ('call.finished', 'call.failed')
+  OFFSET 0
+) x
+"""
+
+# One row per start (two if it has two ends); only `plain` rows are copied.
+_ROWS = """
+CREATE TEMP TABLE rebuild_rows AS
+SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL::text AS source, status, http_status, failure_reason,
+       usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
+       output_tokens, cached_tokens,
+       CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END AS prefill_tps,
+       CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END AS decode_tps,
+       request_blob, response_blob, 0 AS retags, last_position, plain
+FROM (
+  SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
+         e.first_token_at, e.last_token_at, e.ended_at,
+         CASE WHEN e.pos IS NULL THEN 'incomplete'
+              WHEN e.finished AND e.http_status >= 200 AND e.http_status < 400 THEN 'ok'
+              WHEN e.finished THEN 'error' ELSE 'failed' END AS status,
+         e.http_status, e.reason AS failure_reason,
+         CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END AS usage_source,
+         COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens, e.cached AS cached_tokens,
+         EXTRACT(EPOCH FROM (e.ended_at - s.started_at))::float8 AS elapsed_s,
+         EXTRACT(EPOCH FROM (e.first_token_at - s.started_at))::float8 AS ttft_s,
+         EXTRACT(EPOCH FROM (e.last_token_at - e.first_token_at))::float8 AS decode_s,
+         COALESCE(e.pos, s.pos) AS last_position,
+         s.tags IS NOT NULL AND s.started_at IS NOT NULL AND ns.n = 1
+         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND ne.n = 1)) AS plain
+  FROM rebuild_starts s
+  JOIN (SELECT cid, count(*) AS n FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid) ns ON ns.cid = s.cid
+  LEFT JOIN rebuild_ends e ON e.cid = s.cid
+  LEFT JOIN (SELECT cid, count(*) AS n FROM rebuild_ends WHERE cid IS NOT NULL GROUP BY cid) ne ON ne.cid = s.cid
+  WHERE s.started
+) x
+"""
+
+# Every call that is not plain (a call id seen anywhere but not copied) with the positions of its events.
+_REST = """
+CREATE TEMP TABLE rebuild_rest AS
+SELECT row_number() OVER () AS k, positions FROM (
+  SELECT string_agg(x.pos::text, ',') AS positions
+  FROM (SELECT cid, pos FROM rebuild_starts UNION ALL SELECT cid, pos FROM rebuild_ends) x
+  WHERE x.cid IS NULL OR x.cid IN (
+    SELECT call_id FROM rebuild_rows WHERE NOT plain
+    UNION SELECT cid FROM rebuild_starts WHERE NOT started
+    UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
+  )
+  GROUP BY x.cid
+) g
+"""
+
+PG_STATEMENTS: tuple[str, ...] = (
+    _STARTS,
+    _ENDS,
+    "ANALYZE rebuild_starts",
+    "ANALYZE rebuild_ends",
+    _ROWS,
+    _REST,
+    "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)",
+)

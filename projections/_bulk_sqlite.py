@@ -1,0 +1,153 @@
+"""The SQLite statements of the bulk calls load: every payload parsed once, calls paired through an index.
+
+    ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json, typed──► temp rebuild_starts
+        (one scan each,   └─ call.finished / call.failed ──json, typed──► temp rebuild_ends
+         position order)
+    starts in call-id order ⟕ their end (index on call id) ──► temp rebuild_rows (+ `plain` flag)
+    every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
+
+A call is plain when it has exactly one start, that start comes first, at most one end, no import
+or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
+decides). Each statement reads a JSON field once (every `json_extract` walks the payload's parse
+again and copies the value out) and computes each derived value once, in layers fenced with
+`LIMIT -1` so the planner does not inline them. Sorting happens once, on the call id alone (two
+small indexes), instead of grouping every event with its payload.
+
+Values, exactly as `fold_call` computes them for a plain call: timestamps only in the two shapes
+msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy stores them on SQLite
+(`YYYY-MM-DD HH:MM:SS.ffffff`); durations as integer microseconds / 10⁶ like
+`timedelta.total_seconds()`; tags only when their stored JSON is already canonical (sorted by
+`encode_event`, nothing escaped).
+"""
+
+from __future__ import annotations
+
+__all__ = ("SQLITE_STATEMENTS",)
+
+_TS = (
+    "(CASE WHEN {v} GLOB '????-??-??T??:??:??.??????Z' THEN replace(substr({v}, 1, 26), 'T', ' ') "
+    "WHEN {v} GLOB '????-??-??T??:??:??Z' THEN replace(substr({v}, 1, 19), 'T', ' ') || '.000000' END)"
+)
+# integer microseconds since the epoch of a stored timestamp (`YYYY-MM-DD HH:MM:SS.ffffff`)
+_US = "(unixepoch(substr({t}, 1, 19)) * 1000000 + substr({t}, 21, 6))"
+_J = "json_extract(payload, '$.{path}')"
+
+
+def _ts(v: str) -> str:
+    return _TS.format(v=v)
+
+
+def _us(t: str) -> str:
+    return _US.format(t=t)
+
+
+def _raw_us(raw: str) -> str:
+    """Integer microseconds since the epoch of a timestamp in one of `_TS`'s shapes (NULL otherwise irrelevant)."""
+    return f"(unixepoch(substr({raw}, 1, 19)) * 1000000 + CASE WHEN substr({raw}, 20, 1) = '.' THEN substr({raw}, 21, 6) ELSE 0 END)"
+
+
+def _shape(raw: str) -> str:
+    """The check of `_ts` without the conversion (for moments only read when later ones are missing)."""
+    return f"({raw} IS NULL OR {raw} GLOB '????-??-??T??:??:??Z' OR {raw} GLOB '????-??-??T??:??:??.??????Z')"
+
+
+# Starts, and the few imports and retags (`started` = 0): any of those makes its call not plain.
+_STARTS = f"""
+CREATE TEMP TABLE rebuild_starts AS
+SELECT cid, pos, started, run, ticker, model, request_blob, tags, started_at, {_us("started_at")} AS started_us
+FROM (
+  SELECT cid, pos, started, run, ticker, model, request_blob,
+         CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_type = 'object' AND instr(tags, '\\') = 0 THEN tags END AS tags,
+         {_ts("received_at")} AS started_at
+  FROM (
+    SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.started' AS started,
+           {_J.format(path="run")} AS run, {_J.format(path="tags.ticker")} AS ticker, {_J.format(path="tags")} AS tags,
+           json_type(payload, '$.tags') AS tags_type, {_J.format(path="model")} AS model,
+           {_J.format(path="request_blob")} AS request_blob, {_J.format(path="received_at")} AS received_at
+    FROM ledger_events
+    WHERE position <= :head AND +type IN ('call.started', 'call.imported', 'call.retagged')
+    LIMIT -1
+  ) LIMIT -1
+) LIMIT -1
+"""
+
+_ENDS = f"""
+CREATE TEMP TABLE rebuild_ends AS
+SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+       {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
+       COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
+       {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
+       AND {_shape("t_finished")} AS valid,
+       {_raw_us("t_first")} AS first_us, {_raw_us("t_last")} AS last_us,
+       {_raw_us("COALESCE(t_finished, t_last, t_headers, t_received)")} AS ended_us
+FROM (
+  SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
+         CASE WHEN type = 'call.finished' THEN {_J.format(path="status")}
+              ELSE {_J.format(path="client_status")} END AS http_status,
+         CASE WHEN type = 'call.failed' THEN {_J.format(path="reason")} END AS reason,
+         {_J.format(path="response_blob")} AS response_blob, {_J.format(path="usage_source")} AS usage_source,
+         {_J.format(path="usage.prompt_tokens")} AS prompt, {_J.format(path="usage.completion_tokens")} AS completion,
+         {_J.format(path="usage.cached_tokens")} AS cached,
+         {_J.format(path="timings.received")} AS t_received, {_J.format(path="timings.upstream_headers")} AS t_headers,
+         {_J.format(path="timings.first_token")} AS t_first, {_J.format(path="timings.last_token")} AS t_last,
+         {_J.format(path="timings.finished")} AS t_finished
+  FROM ledger_events
+  WHERE position <= :head AND +type IN ('call.finished', 'call.failed')
+  LIMIT -1
+) LIMIT -1
+"""
+
+# One row per start (two if it has two ends), in call-id order; only `plain` rows are copied.
+_ROWS = """
+CREATE TEMP TABLE rebuild_rows AS
+SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
+       usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
+       output_tokens, cached_tokens,
+       CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END AS prefill_tps,
+       CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END AS decode_tps,
+       request_blob, response_blob, 0 AS retags, last_position, plain
+FROM (
+  SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
+         e.first_token_at, e.last_token_at, e.ended_at,
+         CASE WHEN e.pos IS NULL THEN 'incomplete'
+              WHEN e.finished AND e.http_status >= 200 AND e.http_status < 400 THEN 'ok'
+              WHEN e.finished THEN 'error' ELSE 'failed' END AS status,
+         e.http_status, e.reason AS failure_reason,
+         CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END AS usage_source,
+         COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens, e.cached AS cached_tokens,
+         (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
+         (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
+         s.tags IS NOT NULL AND s.started_at IS NOT NULL
+         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND (SELECT count(*) FROM rebuild_ends x WHERE x.cid = s.cid) = 1))
+         AND (SELECT count(*) FROM rebuild_starts x WHERE x.cid = s.cid) = 1 AS plain
+  FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
+  WHERE s.cid IS NOT NULL AND s.started
+  ORDER BY s.cid
+  LIMIT -1
+)
+"""
+
+# Every call that is not plain (a call id seen anywhere but not copied) with the positions of its events.
+_REST = """
+CREATE TEMP TABLE rebuild_rest AS
+SELECT row_number() OVER () AS k,
+       (SELECT group_concat(pos) FROM (
+          SELECT pos FROM rebuild_starts x WHERE x.cid IS ids.cid
+          UNION ALL SELECT pos FROM rebuild_ends x WHERE x.cid IS ids.cid
+        )) AS positions
+FROM (
+  SELECT call_id AS cid FROM rebuild_rows WHERE NOT plain
+  UNION SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL
+  UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
+) ids
+"""
+
+SQLITE_STATEMENTS: tuple[str, ...] = (
+    _STARTS,
+    _ENDS,
+    "CREATE INDEX temp.rebuild_starts_cid ON rebuild_starts (cid)",
+    "CREATE INDEX temp.rebuild_ends_cid ON rebuild_ends (cid)",
+    _ROWS,
+    _REST,
+    "CREATE INDEX temp.rebuild_rest_k ON rebuild_rest (k)",
+)
