@@ -16,9 +16,14 @@ from ledger.db import Database
 from ledger.settings import Settings
 from ledger.writer import EventWriter
 
-__all__ = ("GatewayApp", "create_app")
+__all__ = ("GatewayApp", "create_app", "is_admin_path")
 
 ADMIN_PREFIX = "/_ledger"
+
+
+def is_admin_path(path: str) -> bool:
+    """`/_ledger` and everything under `/_ledger/` (not `/_ledgerx`)."""
+    return path.startswith(ADMIN_PREFIX) and (len(path) == 8 or path[8] == "/")
 
 
 class GatewayApp:
@@ -30,11 +35,9 @@ class GatewayApp:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            if not (path.startswith(ADMIN_PREFIX) and (len(path) == 8 or path[8] == "/")):
-                await self.proxy(scope, receive, send)
-                return
+        if scope["type"] == "http" and not is_admin_path(scope["path"]):
+            await self.proxy(scope, receive, send)
+            return
         await self.admin(scope, receive, send)  # type: ignore[arg-type]
 
 
