@@ -30,6 +30,9 @@ __all__ = ("Durable", "EventWriter", "replay_spool")
 Durable = Literal["committed", "spooled"]
 log = structlog.get_logger("ledger.writer")
 
+INLINE_COMPRESS_BYTES = 16 * 1024
+"""Bodies of a batch up to this size are compressed on the loop (tens of µs); a thread hop costs more."""
+
 
 @dataclass(slots=True)
 class _Entry:
@@ -167,8 +170,14 @@ class EventWriter:
     async def _write(self, batch: list[_Entry]) -> None:
         events = [event for entry in batch for event in entry.events]
         bodies = [entry.bodies for entry in batch if entry.bodies]
-        # zstd releases the GIL: compress on a worker thread, not on the proxy's event loop
-        blobs = await asyncio.to_thread(self._prepare, bodies) if bodies else []
+        # zstd releases the GIL: compress large batches on a worker thread, not on the proxy's event loop
+        blobs: list[PreparedBlob] = []
+        if bodies:
+            size = sum(len(data) for mapping in bodies for data in mapping.values())
+            if size <= INLINE_COMPRESS_BYTES:
+                blobs = self._prepare(bodies)
+            else:
+                blobs = await asyncio.to_thread(self._prepare, bodies)
         outcome: Durable
         try:
             if self._spooling and not await self._try_replay():
