@@ -25,7 +25,14 @@ import structlog
 
 from gateway.errors import BodyTooLarge, GatewayError, UpstreamError
 from gateway.headers import Header, forward_headers, parse_ledger_headers, recorded_headers, response_headers
-from gateway.inspect import RequestInfo, inspect_chunk, inspect_request, inspect_response, with_usage_requested
+from gateway.inspect import (
+    TOKEN_CHUNK,
+    RequestInfo,
+    inspect_chunk,
+    inspect_request,
+    inspect_response,
+    with_usage_requested,
+)
 from gateway.metrics import Metrics
 from gateway.rawclient import RawResponse
 from gateway.recorder import Recorder, new_call_id
@@ -502,6 +509,12 @@ class _Call:
             if data is None or data == _DONE:
                 continue
             info = inspect_chunk(data)
+            if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
+                self.chunk_count += 1
+                self.last_token = now = time.time()
+                if self.first_token is None:
+                    self.first_token = now
+                continue
             if cutting and info.usage_only:
                 cuts.append((event.start, event.end))
             else:
@@ -571,9 +584,14 @@ class _SseRelay:
             self.call._observe(events, self.cuts, self.cutting)
             if self.done_at is None:
                 self.done_at = self.call._done_offset(events)
-        if not self.cutting and self.done_at is None and not self.pending:
-            self.sent = self.total
-            return chunk
+        if self.done_at is None and not self.pending:
+            if not self.cutting:
+                self.sent = self.total
+                return chunk
+            cuts = self.cuts
+            if self.scanner.consumed == self.total and (not cuts or cuts[-1][1] <= self.sent):
+                self.sent = self.total  # whole events, none cut: the chunk as it came
+                return chunk
         self.pending += chunk
         limit = self.scanner.consumed if self.cutting else self.total
         if self.done_at is not None:
