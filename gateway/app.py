@@ -1,4 +1,8 @@
-"""The gateway's ASGI app: a raw passthrough for upstream paths, Litestar for `/_ledger/`."""
+"""The gateway app: the passthrough for upstream paths, Litestar for `/_ledger/`.
+
+Two entries: `handle(request, exchange)` for `gateway.server` (what `ledger serve` runs) and
+`__call__` as a plain ASGI app (tests with httpx's ASGITransport, embedding).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,11 @@ import httpx
 from litestar import Litestar, Router
 
 from gateway.admin import create_admin_app
+from gateway.asgi import run_asgi
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy, Receive, Scope, Send
 from gateway.recorder import Recorder
+from gateway.server import Exchange, Request
 from gateway.upstream import UpstreamClient, as_upstream
 from ledger.db import Database
 from ledger.settings import Settings
@@ -27,12 +33,20 @@ def is_admin_path(path: str) -> bool:
 
 
 class GatewayApp:
-    """The ASGI entry point; `admin` is the Litestar app, `proxy` the passthrough."""
+    """`admin` is the Litestar app, `proxy` the passthrough."""
 
     def __init__(self, proxy: Proxy, admin: Litestar, metrics: Metrics) -> None:
         self.proxy = proxy
         self.admin = admin
         self.metrics = metrics
+
+    async def handle(self, request: Request, exchange: Exchange) -> None:
+        """One request from `gateway.server`: admin paths through the ASGI adapter, the rest proxied."""
+        if is_admin_path(request.path):
+            conn = exchange.connection
+            await run_asgi(self.admin, request, exchange, client=conn.client, server=conn.local)  # type: ignore[arg-type]
+        else:
+            await self.proxy.handle(request, exchange)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not is_admin_path(scope["path"]):

@@ -22,10 +22,9 @@ from typing import Any
 import structlog
 from litestar import Router
 
-from gateway.app import GatewayApp, create_app, is_admin_path
-from gateway.asgi import run_asgi
+from gateway.app import GatewayApp, create_app
 from gateway.rawclient import RawUpstream
-from gateway.server import Exchange, HttpServer, Request
+from gateway.server import HttpServer
 from gateway.upstream import UpstreamClient, as_upstream, httpx_client
 from ledger.db import Database, open_database
 from ledger.errors import DatabaseUnavailable
@@ -120,18 +119,8 @@ def _coalesced(wake: asyncio.Event, interval_s: float) -> Callable[[int], None]:
 
 
 async def _run_server(app: GatewayApp, settings: Settings) -> None:
-    proxy = app.proxy
-    admin = app.admin
-
-    async def handle(request: Request, exchange: Exchange) -> None:
-        if is_admin_path(request.path):
-            conn = exchange.connection
-            await run_asgi(admin, request, exchange, client=conn.client, server=conn.local)  # type: ignore[arg-type]
-        else:
-            await proxy.handle(request, exchange)
-
     sock = bind_socket(settings.host, settings.port)
-    server = HttpServer(handle, max_body_bytes=settings.max_body_bytes)
+    server = HttpServer(app.handle, max_body_bytes=settings.max_body_bytes)
     await server.start(sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -401,7 +401,7 @@ class HttpConnection(asyncio.Protocol):
         if not exchange.keep_alive or not request.complete:
             self.close()
             return
-        if self.bad_request is not None:
+        if self.bad_request is not None and not self.requests:
             self._answer_bad_request()
             return
         if self.server.closing and not self.requests:
@@ -453,7 +453,11 @@ class HttpConnection(asyncio.Protocol):
         if self.parsing is not None and self.requests and self.requests[-1] is self.parsing:
             self.requests.pop()  # the request that failed to parse is never handled
         self.parsing = None
-        if self.task is None:
+        if self.task is not None:
+            return  # answered once the request in progress is
+        if self.requests:
+            self._dispatch()  # complete requests that came before the bad bytes are answered first
+        else:
             self._answer_bad_request()
 
     def _answer_bad_request(self) -> None:
