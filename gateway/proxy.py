@@ -41,6 +41,7 @@ from gateway.sse import SseEvent, SseScanner
 from gateway.upstream import UpstreamClient, UpstreamResponse
 from ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from ledger.settings import Settings
+from ledger.writer import Durable
 
 __all__ = ("AbortResponse", "Proxy")
 
@@ -153,7 +154,7 @@ class Proxy:
         path = request.raw_path.decode("latin-1")
         query = request.query.decode("latin-1")
         call = _Call(self, request.method, path, query, headers, request.body, request.received)
-        call.started(ledger_tags.run, ledger_tags.tags)
+        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
         exchange.on_disconnect = call.disconnected
         self.metrics.in_flight += 1
         try:
@@ -175,7 +176,7 @@ class Proxy:
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"").decode("latin-1")
         call = _Call(self, scope["method"], raw_path.decode("latin-1"), query, headers, body, received)
-        call.started(ledger_tags.run, ledger_tags.tags)
+        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
         self.metrics.in_flight += 1
         watcher = asyncio.create_task(self._watch(receive, call))
         try:
@@ -264,9 +265,16 @@ class _Call:
         self.client_gone = False
         self.done = False
         self.task: asyncio.Task[Any] | None = None
+        self.run_name: str | None = None
+        self.tags: dict[str, str] = {}
+        self.started_durable: asyncio.Future[Durable] | None = None
 
     # -- recording -------------------------------------------------------------------------------
-    def started(self, run: str | None, tags: dict[str, str]) -> None:
+    def started(self) -> None:
+        """Submit `call.started` (once): right after the request went upstream, so building the event
+        overlaps the upstream's work; before any response byte or final event in any case."""
+        if self.started_durable is not None:
+            return
         digest = self.recorder.digest(self.body) if self.body else None
         info = self.info
         event = CallStarted(
@@ -275,8 +283,8 @@ class _Call:
             method=self.method,
             path=self.path,
             query=self.query,
-            run=run,
-            tags=tags,
+            run=self.run_name,
+            tags=self.tags,
             request_headers=recorded_headers(self.headers),
             request_blob=digest,
             request_bytes=len(self.body),
@@ -307,7 +315,8 @@ class _Call:
         data = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
         return self.recorder.digest(data), data, len(data)
 
-    async def _finished(self) -> None:
+    async def _finished(self) -> Timings:
+        """Record the final event (strict: until durable); the caller then sends the last bytes and logs."""
         digest, data, size = self._raw_body()
         timings = self._timings()
         event: CallFinished | CallFailed
@@ -335,7 +344,7 @@ class _Call:
             self.metrics.prompt_tokens += self.usage.prompt_tokens
             self.metrics.completion_tokens += self.usage.completion_tokens
         await self.recorder.finish(event, data)
-        self._report("call_proxied", timings)
+        return timings
 
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
         digest, data, _ = self._raw_body()
@@ -399,7 +408,7 @@ class _Call:
         try:
             try:
                 response = await self.proxy.upstream.send(
-                    self.method, self.target, forward_headers(self.headers), self.upstream_body
+                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
                 )
             except UpstreamError as exc:
                 phase = "connect" if exc.code == "upstream_unreachable" else "headers"
@@ -415,6 +424,7 @@ class _Call:
             if not self.client_gone:
                 raise
             task.uncancel()
+            self.started()
             if response is not None:
                 await _close_quietly(response)
                 response = None
@@ -430,6 +440,7 @@ class _Call:
                 await _close_quietly(response)
 
     async def _fail_before_response(self, client: _Client, exc: GatewayError, phase: str, reason: str) -> None:
+        self.started()
         self.status = exc.status
         await self._failed(phase, reason, exc.message, wait=True)
         self.done = True
@@ -454,6 +465,8 @@ class _Call:
         cutting = scanning and self.injected
         out_headers = response_headers(response.headers, drop_length=cutting)
         out_headers.append(self.id_header)
+        self.started()
+        assert self.started_durable is not None
         await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
         await client.start(response.status, out_headers)
         relay: _SseRelay | _PlainRelay = _SseRelay(self, cutting) if scanning else _PlainRelay(self)
@@ -492,10 +505,11 @@ class _Call:
             self.vllm_metrics = described.metrics
             if self.upstream_request_id is None:
                 self.upstream_request_id = described.request_id
-        await self._finished()
+        timings = await self._finished()
         self.done = True
         self.client_bytes += len(tail)
         await client.end(tail)
+        self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
     def _done_offset(self, events: list[SseEvent]) -> int | None:
         for event in events:

@@ -500,11 +500,21 @@ class RawUpstream:
         parts += (b"\r\n", body)
         return b"".join(parts)
 
-    async def send(self, method: str, target: str, headers: Sequence[Header], body: bytes) -> RawResponse:
+    async def send(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[Header],
+        body: bytes,
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> RawResponse:
         request = self._request(method, target, headers, body)
         conn = await self._pool.acquire()
         try:
             conn.start(request, head_only=method == "HEAD")
+            if on_sent is not None:
+                on_sent()
             await conn.wait_headers()
         except BaseException:
             conn.close()
