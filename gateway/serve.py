@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import socket
 from collections.abc import Callable, Coroutine, Sequence
@@ -82,6 +83,8 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
             try:
                 routers = api(database, settings) if api is not None else ()
                 app = create_app(settings, database=database, writer=writer, http_client=client, api_routers=routers)
+                gc.collect()
+                gc.freeze()  # start-up objects (Litestar, SQLAlchemy, ...) live forever: keep them out of GC scans
                 await _run_server(app, settings)
             finally:
                 for task in tasks:
