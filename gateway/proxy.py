@@ -511,16 +511,16 @@ class _Call:
         await client.end(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
-    def _done_offset(self, events: list[SseEvent]) -> int | None:
-        for event in events:
-            if event.data == _DONE:
-                return event.start
-        return None
-
-    def _observe(self, events: list[SseEvent], cuts: list[tuple[int, int]], cutting: bool) -> None:
+    def _observe(self, events: list[SseEvent], cuts: list[tuple[int, int]], cutting: bool) -> int | None:
+        """Note what the events say; returns the stream offset of the first `data: [DONE]` among them."""
+        done: int | None = None
         for event in events:
             data = event.data
-            if data is None or data == _DONE:
+            if data is None:
+                continue
+            if data == _DONE:
+                if done is None:
+                    done = event.start
                 continue
             info = inspect_chunk(data)
             if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
@@ -547,6 +547,7 @@ class _Call:
             if info.metrics is not None:
                 self.vllm_metrics = info.metrics
         self.metrics.chunks += len(events)
+        return done
 
 
 class _PlainRelay:
@@ -595,9 +596,9 @@ class _SseRelay:
         self.total += len(chunk)
         events = self.scanner.feed(chunk)
         if events:
-            self.call._observe(events, self.cuts, self.cutting)
-            if self.done_at is None:
-                self.done_at = self.call._done_offset(events)
+            done = self.call._observe(events, self.cuts, self.cutting)
+            if done is not None and self.done_at is None:
+                self.done_at = done
         if self.done_at is None and not self.pending:
             if not self.cutting:
                 self.sent = self.total

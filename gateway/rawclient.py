@@ -99,14 +99,9 @@ class _Connection(asyncio.Protocol):
             return
         if self.overflow:  # bytes beyond the response: deliver the response, never reuse the connection
             self.close()
-        sink = self.sink
-        if sink is not None:  # piped: hand the bytes over right here, no task wake-up per chunk
-            if self.body:
-                try:
-                    sink(self.take_body())
-                except Exception as exc:  # a bug in the consumer: end this response, never the loop
-                    self.sink_error = exc
-                    self.close()
+        if self.sink is not None:  # piped: on_body handed the bytes over, no task wake-up per chunk
+            if self.sink_error is not None:
+                self.close()
             if self.complete or self.closed or self.error is not None or self.sink_error is not None:
                 self._wake()
             return
@@ -158,6 +153,14 @@ class _Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self.complete:
+            return
+        sink = self.sink
+        if sink is not None:
+            if self.sink_error is None:
+                try:
+                    sink(body)
+                except Exception as exc:  # a bug in the consumer: end this response, never the loop
+                    self.sink_error = exc
             return
         self.body.append(body)
         self.buffered += len(body)

@@ -146,12 +146,10 @@ class Exchange:
 
     def push(self, data: bytes) -> None:
         """Write body bytes now (from any callback); a no-op once the client is gone."""
-        if not data or self._head_only:
+        conn = self._conn
+        if not data or self._head_only or conn.closed or conn.transport is None:
             return
-        if self._chunked:
-            self._conn.write(b"%x\r\n%b\r\n" % (len(data), data))
-        else:
-            self._conn.write(data)
+        conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
 
     async def send(self, data: bytes) -> None:
         """Write body bytes, then wait while the client is not reading (transport above its high-water mark)."""
