@@ -45,8 +45,6 @@ Handler = Callable[["Request", "Exchange"], Awaitable[None]]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
-_CLOSE = (b"connection", b"close")
-_CHUNKED = (b"transfer-encoding", b"chunked")
 _STATUS_LINES: dict[int, bytes] = {}
 
 
@@ -141,6 +139,8 @@ class Exchange:
             out += (b"transfer-encoding: chunked\r\n",)
         if not self.keep_alive:
             out += (b"connection: close\r\n",)
+        elif not conn.http11:
+            out += (b"connection: keep-alive\r\n",)  # an HTTP/1.0 client that asked for keep-alive
         out.append(b"\r\n")
         conn.write(b"".join(out))
 

@@ -180,6 +180,13 @@ async def test_http10_response_without_length_ends_with_the_connection() -> None
         status, headers, body = await read_response(reader)
         assert headers["transfer-encoding"] == "chunked" and body == b"one two"
         await close(writer)
+    async with running(echo) as (_, port):  # HTTP/1.0 with keep-alive: a length-framed response keeps it
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(b"GET /k HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+            status, headers, body = await read_response(reader)
+            assert status == 200 and headers["connection"] == "keep-alive" and json.loads(body)["version"] == "1.0"
+        await close(writer)
 
 
 async def test_stalled_client_pauses_the_upstream_and_memory_stays_bounded() -> None:
