@@ -34,7 +34,7 @@ import structlog
 from gateway.errors import BodyTooLarge, GatewayError, error_body
 from gateway.headers import Header
 
-__all__ = ("KEEPALIVE_TIMEOUT_S", "Exchange", "HttpConnection", "HttpServer", "Request")
+__all__ = ("KEEPALIVE_TIMEOUT_S", "AbortSignal", "Exchange", "HttpConnection", "HttpServer", "Request")
 
 log = structlog.get_logger("gateway.server")
 
@@ -100,7 +100,7 @@ class Request:
 class Exchange:
     """The response side of one request, written straight to the connection's transport.
 
-    `start`, then any number of `send` (or `push` from a protocol callback), then `end` — or `abort`.
+    `start_now`, then any number of `send` (or `push` from a protocol callback), then `end_now` — or `abort`.
     `on_disconnect` is called once if the client goes away before the response ended.
     """
 
@@ -115,9 +115,6 @@ class Exchange:
         self.started = False
         self.ended = False
         self.on_disconnect: Callable[[], None] | None = None
-
-    async def start(self, status: int, headers: list[Header]) -> None:
-        self.start_now(status, headers)
 
     def start_now(self, status: int, headers: list[Header]) -> None:
         """Write the status line and headers (hop-by-hop ones already removed by the caller)."""
@@ -155,9 +152,6 @@ class Exchange:
         """Write body bytes, then wait while the client is not reading (transport above its high-water mark)."""
         self.push(data)
         await self._conn.drain()
-
-    async def end(self, data: bytes = b"") -> None:
-        self.end_now(data)
 
     def end_now(self, data: bytes = b"") -> None:
         """The last body bytes: the response is complete and the connection serves the next request."""
