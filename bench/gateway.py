@@ -7,8 +7,10 @@ recording on) as processes, then measures, alternating direct and gateway in eac
   - non-stream latency (max_tokens=1, sequential): median and p99; added = gateway - direct
   - TTFT of a stream (sequential): median; added = gateway - direct
   - streamed chunks/s with N concurrent streams of a fixed length; ratio gateway / direct
-  - gateway CPU (utime+stime from /proc) per relayed chunk during the stream phase
+  - gateway CPU (utime+stime from /proc) per relayed chunk during the stream phase; per round (median) and
+    summed over all rounds (`_all_rounds`: /proc counts 10 ms ticks, one round is only ~10-15 of them)
   - gateway RSS before and after --rss-calls calls
+  - the disk's fdatasync latency before and after the rounds, and the 1-minute load average
 Prints a JSON summary (medians over rounds). Never used as a test.
 """
 
@@ -108,6 +110,23 @@ async def throughput(client: httpx.AsyncClient, base: str, streams: int, tokens:
     return sum(counts) / elapsed, sum(counts)
 
 
+def fsync_ms(directory: Path, count: int = 100) -> tuple[float, float]:
+    """The disk's fdatasync latency right now (p50, p99 in ms): strict durability waits for one per call."""
+    path = directory / "fsync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    times = []
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * 4096)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times) * 1000, pct(times, 0.99) * 1000
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -152,7 +171,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
             await latency(client, direct, 50)
             await latency(client, via, 50)
+            fsync_before = fsync_ms(tmp)
             rounds = []
+            cpu_total, chunks_total = 0.0, 0
             for _ in range(args.rounds):
                 r: dict[str, float] = {}
                 d_lat, g_lat = await latency(client, direct, args.calls), await latency(client, via, args.calls)
@@ -170,6 +191,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 r["chunks_ratio"] = g_cps / d_cps
                 r["gateway_cpu_us_per_chunk"] = (cpu1 - cpu0) / chunks * 1e6
                 rounds.append(r)
+                cpu_total += cpu1 - cpu0
+                chunks_total += chunks
+            fsync_after = fsync_ms(tmp)
             rss_before = rss_mib(gw.pid)
             sem = asyncio.Semaphore(14)
 
@@ -185,6 +209,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             proc.wait(timeout=60)
     summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
     summary.update(
+        gateway_cpu_us_per_chunk_all_rounds=round(cpu_total / chunks_total * 1e6, 2),
         rounds=args.rounds,
         calls=args.calls,
         streams=args.streams,
@@ -194,6 +219,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         rss_calls=args.rss_calls,
         rss_mib_before=round(rss_before, 1),
         rss_mib_after=round(rss_after, 1),
+        fsync_ms_p50_p99_before=[round(v, 3) for v in fsync_before],
+        fsync_ms_p50_p99_after=[round(v, 3) for v in fsync_after],
+        loadavg_1m=round(os.getloadavg()[0], 2),
         cpus=os.cpu_count(),
     )
     return summary

@@ -1,4 +1,8 @@
-"""The gateway's ASGI app: a raw passthrough for upstream paths, Litestar for `/_ledger/`."""
+"""The gateway app: the passthrough for upstream paths, Litestar for `/_ledger/`.
+
+Two entries: `handle(request, exchange)` for `gateway.server` (what `ledger serve` runs) and
+`__call__` as a plain ASGI app (tests with httpx's ASGITransport, embedding).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +12,46 @@ import httpx
 from litestar import Litestar, Router
 
 from gateway.admin import create_admin_app
+from gateway.asgi import run_asgi
 from gateway.metrics import Metrics
 from gateway.proxy import Proxy, Receive, Scope, Send
 from gateway.recorder import Recorder
+from gateway.server import Exchange, Request
 from gateway.upstream import UpstreamClient, as_upstream
 from ledger.db import Database
 from ledger.settings import Settings
 from ledger.writer import EventWriter
 
-__all__ = ("GatewayApp", "create_app")
+__all__ = ("GatewayApp", "create_app", "is_admin_path")
 
 ADMIN_PREFIX = "/_ledger"
 
 
+def is_admin_path(path: str) -> bool:
+    """`/_ledger` and everything under `/_ledger/` (not `/_ledgerx`)."""
+    return path.startswith(ADMIN_PREFIX) and (len(path) == 8 or path[8] == "/")
+
+
 class GatewayApp:
-    """The ASGI entry point; `admin` is the Litestar app, `proxy` the passthrough."""
+    """`admin` is the Litestar app, `proxy` the passthrough."""
 
     def __init__(self, proxy: Proxy, admin: Litestar, metrics: Metrics) -> None:
         self.proxy = proxy
         self.admin = admin
         self.metrics = metrics
 
+    async def handle(self, request: Request, exchange: Exchange) -> None:
+        """One request from `gateway.server`: admin paths through the ASGI adapter, the rest proxied."""
+        if is_admin_path(request.path):
+            conn = exchange.connection
+            await run_asgi(self.admin, request, exchange, client=conn.client, server=conn.local)  # type: ignore[arg-type]
+        else:
+            await self.proxy.handle(request, exchange)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            path: str = scope["path"]
-            if not (path.startswith(ADMIN_PREFIX) and (len(path) == 8 or path[8] == "/")):
-                await self.proxy(scope, receive, send)
-                return
+        if scope["type"] == "http" and not is_admin_path(scope["path"]):
+            await self.proxy(scope, receive, send)
+            return
         await self.admin(scope, receive, send)  # type: ignore[arg-type]
 
 

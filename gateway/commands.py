@@ -71,8 +71,8 @@ def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiF
 
 
 def _terminate(_signum: int, _frame: object) -> None:
-    # uvicorn handles SIGTERM while serving, then re-raises it once stopped; with the default action
-    # the process died right there, before `serve` closed the writer (queue and spool not drained).
+    # While serving, `serve` handles SIGTERM itself (graceful stop); before and after that (start-up,
+    # the writer's final drain) the default action would kill the process before `finally` blocks ran.
     raise SystemExit(0)
 
 

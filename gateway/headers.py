@@ -74,8 +74,17 @@ def fingerprint(value: bytes) -> str:
     return "sha256:" + hmac.new(_FINGERPRINT_KEY, value, hashlib.sha256).hexdigest()[:12]
 
 
+_SECRET_NAMES: dict[bytes, bool] = {}
+_SECRET_NAMES_MAX = 4096
+
+
 def is_secret(name: bytes) -> bool:
-    return name in SECRET_HEADERS or any(word in name for word in _SECRET_WORDS)
+    known = _SECRET_NAMES.get(name)
+    if known is None:
+        known = name in SECRET_HEADERS or any(word in name for word in _SECRET_WORDS)
+        if len(_SECRET_NAMES) < _SECRET_NAMES_MAX:  # header names repeat; a flood of new ones is not cached
+            _SECRET_NAMES[name] = known
+    return known
 
 
 def _value(name: bytes, raw: bytes) -> str:
@@ -131,14 +140,10 @@ def parse_ledger_headers(headers: Iterable[Header]) -> tuple[LedgerTags, list[He
 
 def recorded_headers(headers: Iterable[Header]) -> list[tuple[str, str]]:
     """Headers as stored in an event: secrets replaced by their fingerprint."""
-    out: list[tuple[str, str]] = []
-    for name, value in headers:
-        text_name = name.decode("latin-1")
-        if is_secret(name):
-            out.append((text_name, fingerprint(value)))
-        else:
-            out.append((text_name, value.decode("latin-1")))
-    return out
+    return [
+        (name.decode("latin-1"), fingerprint(value) if is_secret(name) else value.decode("latin-1"))
+        for name, value in headers
+    ]
 
 
 def _connection_tokens(headers: Sequence[Header]) -> frozenset[bytes]:

@@ -13,6 +13,7 @@ import msgspec
 from ledger.events import Sampling, Usage
 
 __all__ = (
+    "TOKEN_CHUNK",
     "ChunkInfo",
     "RequestInfo",
     "ResponseInfo",
@@ -184,7 +185,8 @@ class ChunkInfo(msgspec.Struct, frozen=True):
 
 
 _EMPTY_CHUNK = ChunkInfo()
-_TOKEN_CHUNK = ChunkInfo(has_token=True)
+TOKEN_CHUNK = ChunkInfo(has_token=True)
+"""What `inspect_chunk` returns (this very object) for a chunk with a token and nothing else."""
 
 
 def inspect_chunk(data: bytes) -> ChunkInfo:
@@ -206,7 +208,7 @@ def inspect_chunk(data: bytes) -> ChunkInfo:
             if choice.finish_reason is not None:
                 reasons = (*reasons, choice.finish_reason)
     if chunk.usage is None and chunk.error is None and chunk.metrics is None and not reasons:
-        return _TOKEN_CHUNK if has_token else _EMPTY_CHUNK  # nearly every chunk: no new struct
+        return TOKEN_CHUNK if has_token else _EMPTY_CHUNK  # nearly every chunk: no new struct
     return ChunkInfo(
         usage=_usage(chunk.usage),
         usage_only=choices is not None and not choices and chunk.usage is not None,

@@ -1,12 +1,15 @@
-"""The hot path: a raw ASGI passthrough that forwards a call upstream and records it.
+"""The hot path: forward a call upstream and record it (from `gateway.server`, or as raw ASGI).
 
-    client ─► read body (≤ max_body_bytes) ─► call.started ─► upstream ─► relay bytes as they come
-                                                                            │ SSE scanned on the side
-                     strict: final bytes wait for the final event ◄─────────┘ (body / `data: [DONE]`)
+    client ─► body (≤ max_body_bytes) ─► call.started ─► upstream ─► relay bytes as they come
+                                                                       │ SSE scanned on the side
+                strict: final bytes wait for the final event ◄─────────┘ (body / `data: [DONE]`)
 
 Bytes in = bytes out, with one exception: a stream that did not ask for usage is sent upstream
 with `stream_options.include_usage` and the usage-only chunk is cut out of what the client gets.
-A client that disconnects cancels the upstream request (a watcher task cancels the call's task).
+Under `gateway.server` (`Proxy.handle`) upstream bytes are relayed from the upstream connection's
+protocol callback straight to the client's transport (`RawResponse.pipe`, `Exchange.push`); the
+ASGI entry (`Proxy.__call__`, for tests and embedding) relays through `send`. Both share `_Call`
+and the relays. A client that disconnects cancels the upstream request (the call's task is cancelled).
 """
 
 from __future__ import annotations
@@ -22,13 +25,23 @@ import structlog
 
 from gateway.errors import BodyTooLarge, GatewayError, UpstreamError
 from gateway.headers import Header, forward_headers, parse_ledger_headers, recorded_headers, response_headers
-from gateway.inspect import RequestInfo, inspect_chunk, inspect_request, inspect_response, with_usage_requested
+from gateway.inspect import (
+    TOKEN_CHUNK,
+    RequestInfo,
+    inspect_chunk,
+    inspect_request,
+    inspect_response,
+    with_usage_requested,
+)
 from gateway.metrics import Metrics
+from gateway.rawclient import RawResponse
 from gateway.recorder import Recorder, new_call_id
+from gateway.server import AbortSignal, Exchange, Request
 from gateway.sse import SseEvent, SseScanner
 from gateway.upstream import UpstreamClient, UpstreamResponse
 from ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from ledger.settings import Settings
+from ledger.writer import Durable
 
 __all__ = ("AbortResponse", "Proxy")
 
@@ -44,7 +57,7 @@ _DONE = b"[DONE]"
 _COMPLETIONS = ("/completions",)
 
 
-class AbortResponse(Exception):
+class AbortResponse(AbortSignal):
     """Raised after the response started to make the server drop the client connection.
 
     The upstream failed mid-body; a clean end would tell the client the body was complete.
@@ -55,10 +68,68 @@ def _ts(t: float | None) -> datetime | None:
     return None if t is None else datetime.fromtimestamp(t, UTC)
 
 
+def _json_headers(body: bytes, extra: list[Header]) -> list[Header]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+
+
 async def _respond(send: Send, status: int, body: bytes, extra: list[Header]) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": _json_headers(body, extra)})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class _Client:
+    """Where a call's response goes: the server's `Exchange`, or an ASGI `send` (`_AsgiClient`)."""
+
+    push: Callable[[bytes], None] | None = None
+    """Write body bytes synchronously (from the upstream's protocol callback); None when not possible."""
+
+    async def start(self, status: int, headers: list[Header]) -> None:
+        raise NotImplementedError
+
+    async def send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def end(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def flow(self, hold: Callable[[bool], None] | None) -> None:
+        """Register who to pause while the client is not reading (only where `push` is used)."""
+
+
+class _ExchangeClient(_Client):
+    __slots__ = ("exchange", "push")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.push = exchange.push
+
+    async def start(self, status: int, headers: list[Header]) -> None:
+        self.exchange.start_now(status, headers)
+
+    async def send(self, data: bytes) -> None:
+        await self.exchange.send(data)
+
+    async def end(self, data: bytes) -> None:
+        self.exchange.end_now(data)
+
+    def flow(self, hold: Callable[[bool], None] | None) -> None:
+        self.exchange.flow(hold)
+
+
+class _AsgiClient(_Client):
+    __slots__ = ("_send",)
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+
+    async def start(self, status: int, headers: list[Header]) -> None:
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def send(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self, data: bytes) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 class Proxy:
@@ -71,6 +142,27 @@ class Proxy:
         self.metrics = metrics
         self.upstream_url = upstream.base_url
 
+    async def handle(self, request: Request, exchange: Exchange) -> None:
+        """Serve one request from `gateway.server` (its body is complete and within the limit)."""
+        try:
+            ledger_tags, headers = parse_ledger_headers(request.headers)
+        except GatewayError as exc:
+            body = exc.body()
+            exchange.start_now(exc.status, _json_headers(body, []))
+            exchange.end_now(body)
+            return
+        path = request.raw_path.decode("latin-1")
+        query = request.query.decode("latin-1")
+        call = _Call(self, request.method, path, query, headers, request.body, request.received)
+        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
+        exchange.on_disconnect = call.disconnected
+        self.metrics.in_flight += 1
+        try:
+            await call.run(_ExchangeClient(exchange))
+        finally:
+            exchange.on_disconnect = None
+            self.metrics.in_flight -= 1
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         received = time.time()
         try:
@@ -81,13 +173,25 @@ class Proxy:
             return
         if body is None:
             return  # the client left before its request was complete: nothing to record
-        call = _Call(self, scope, headers, body, received)
-        call.started(ledger_tags.run, ledger_tags.tags)
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"").decode("latin-1")
+        call = _Call(self, scope["method"], raw_path.decode("latin-1"), query, headers, body, received)
+        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
         self.metrics.in_flight += 1
+        watcher = asyncio.create_task(self._watch(receive, call))
         try:
-            await call.run(receive, send)
+            await call.run(_AsgiClient(send))
         finally:
+            watcher.cancel()
             self.metrics.in_flight -= 1
+
+    @staticmethod
+    async def _watch(receive: Receive, call: _Call) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                call.disconnected()
+                return
 
     async def _read_body(self, headers: list[Header], receive: Receive) -> bytes | None:
         limit = self.settings.max_body_bytes
@@ -120,16 +224,17 @@ class Proxy:
 class _Call:
     """One proxied call: its state from request to final event."""
 
-    def __init__(self, proxy: Proxy, scope: Scope, headers: list[Header], body: bytes, received: float) -> None:
+    def __init__(
+        self, proxy: Proxy, method: str, path: str, query: str, headers: list[Header], body: bytes, received: float
+    ) -> None:
         self.proxy = proxy
         self.metrics = proxy.metrics
         self.recorder = proxy.recorder
         self.call_id = new_call_id()
         self.id_header = (CALL_ID_HEADER, self.call_id.encode())
-        self.method: str = scope["method"]
-        raw_path = scope.get("raw_path") or scope["path"].encode()
-        self.path = raw_path.decode("latin-1")
-        self.query = scope.get("query_string", b"").decode("latin-1")
+        self.method = method
+        self.path = path
+        self.query = query
         self.target = self.path + ("?" + self.query if self.query else "")
         self.headers = headers
         self.body = body
@@ -159,9 +264,17 @@ class _Call:
         self.raw: list[bytes] = []
         self.client_gone = False
         self.done = False
+        self.task: asyncio.Task[Any] | None = None
+        self.run_name: str | None = None
+        self.tags: dict[str, str] = {}
+        self.started_durable: asyncio.Future[Durable] | None = None
 
     # -- recording -------------------------------------------------------------------------------
-    def started(self, run: str | None, tags: dict[str, str]) -> None:
+    def started(self) -> None:
+        """Submit `call.started` (once): right after the request went upstream, so building the event
+        overlaps the upstream's work; before any response byte or final event in any case."""
+        if self.started_durable is not None:
+            return
         digest = self.recorder.digest(self.body) if self.body else None
         info = self.info
         event = CallStarted(
@@ -170,8 +283,8 @@ class _Call:
             method=self.method,
             path=self.path,
             query=self.query,
-            run=run,
-            tags=tags,
+            run=self.run_name,
+            tags=self.tags,
             request_headers=recorded_headers(self.headers),
             request_blob=digest,
             request_bytes=len(self.body),
@@ -202,7 +315,8 @@ class _Call:
         data = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
         return self.recorder.digest(data), data, len(data)
 
-    async def _finished(self) -> None:
+    async def _finished(self) -> Timings:
+        """Record the final event (strict: until durable); the caller then sends the last bytes and logs."""
         digest, data, size = self._raw_body()
         timings = self._timings()
         event: CallFinished | CallFailed
@@ -230,7 +344,7 @@ class _Call:
             self.metrics.prompt_tokens += self.usage.prompt_tokens
             self.metrics.completion_tokens += self.usage.completion_tokens
         await self.recorder.finish(event, data)
-        self._report("call_proxied", timings)
+        return timings
 
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
         digest, data, _ = self._raw_body()
@@ -281,30 +395,36 @@ class _Call:
         )
 
     # -- proxying --------------------------------------------------------------------------------
-    async def run(self, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
+    def disconnected(self) -> None:
+        """The client went away: cancel the call (and with it the upstream request) unless it is done."""
+        if not self.done and self.task is not None:
+            self.client_gone = True
+            self.task.cancel()
+
+    async def run(self, client: _Client) -> None:
+        task = self.task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.create_task(self._watch(receive, task))
         response: UpstreamResponse | None = None
         try:
             try:
                 response = await self.proxy.upstream.send(
-                    self.method, self.target, forward_headers(self.headers), self.upstream_body
+                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
                 )
             except UpstreamError as exc:
                 phase = "connect" if exc.code == "upstream_unreachable" else "headers"
-                await self._fail_before_response(send, exc, phase, exc.reason)
+                await self._fail_before_response(client, exc, phase, exc.reason)
                 return
             except Exception as exc:  # a bug or protocol error of ours: still a JSON answer and a record
                 log.exception("gateway_error", call_id=self.call_id)
                 error = GatewayError(f"the gateway failed to forward the request: {type(exc).__name__}")
-                await self._fail_before_response(send, error, "gateway", "gateway_error")
+                await self._fail_before_response(client, error, "gateway", "gateway_error")
                 return
-            await self._relay(response, send)
+            await self._relay(response, client)
         except asyncio.CancelledError:
             if not self.client_gone:
                 raise
             task.uncancel()
+            self.started()
             if response is not None:
                 await _close_quietly(response)
                 response = None
@@ -315,26 +435,20 @@ class _Call:
                 wait=False,
             )
         finally:
-            watcher.cancel()
+            self.task = None
             if response is not None:
                 await _close_quietly(response)
 
-    async def _fail_before_response(self, send: Send, exc: GatewayError, phase: str, reason: str) -> None:
+    async def _fail_before_response(self, client: _Client, exc: GatewayError, phase: str, reason: str) -> None:
+        self.started()
         self.status = exc.status
         await self._failed(phase, reason, exc.message, wait=True)
         self.done = True
-        await _respond(send, exc.status, exc.body(), [self.id_header])
+        body = exc.body()
+        await client.start(exc.status, _json_headers(body, [self.id_header]))
+        await client.end(body)
 
-    async def _watch(self, receive: Receive, task: asyncio.Task[Any]) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not self.done:
-                    self.client_gone = True
-                    task.cancel()
-                return
-
-    async def _relay(self, response: UpstreamResponse, send: Send) -> None:
+    async def _relay(self, response: UpstreamResponse, client: _Client) -> None:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
@@ -351,13 +465,34 @@ class _Call:
         cutting = scanning and self.injected
         out_headers = response_headers(response.headers, drop_length=cutting)
         out_headers.append(self.id_header)
+        self.started()
+        assert self.started_durable is not None
         await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
-        await send({"type": "http.response.start", "status": response.status, "headers": out_headers})
+        await client.start(response.status, out_headers)
+        relay: _SseRelay | _PlainRelay = _SseRelay(self, cutting) if scanning else _PlainRelay(self)
         try:
-            if scanning:
-                tail = await self._relay_sse(response, send, cutting)
+            push = client.push
+            if push is not None and isinstance(response, RawResponse):
+                feed = relay.feed
+
+                def sink(chunk: bytes) -> None:
+                    out = feed(chunk)
+                    if out:
+                        self.client_bytes += len(out)
+                        push(out)
+
+                client.flow(response.hold)
+                try:
+                    await response.pipe(sink)
+                finally:
+                    client.flow(None)
             else:
-                tail = await self._relay_plain(response, send)
+                async for chunk in response.iter_raw():
+                    out = relay.feed(chunk)
+                    if out:
+                        self.client_bytes += len(out)
+                        await client.send(out)
+            tail = relay.close()
         except UpstreamError as exc:
             await self._failed("stream" if sse else "body", exc.reason, exc.message, wait=True)
             self.done = True
@@ -370,77 +505,30 @@ class _Call:
             self.vllm_metrics = described.metrics
             if self.upstream_request_id is None:
                 self.upstream_request_id = described.request_id
-        await self._finished()
+        timings = await self._finished()
         self.done = True
         self.client_bytes += len(tail)
-        await send({"type": "http.response.body", "body": tail, "more_body": False})
+        await client.end(tail)
+        self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
-    async def _relay_plain(self, response: UpstreamResponse, send: Send) -> bytes:
-        """Forward a body one chunk behind, so the last chunk can wait for the record."""
-        held = b""
-        raw = self.raw
-        async for chunk in response.iter_raw():
-            if not chunk:
-                continue
-            raw.append(chunk)
-            if held:
-                self.client_bytes += len(held)
-                await send({"type": "http.response.body", "body": held, "more_body": True})
-            held = chunk
-        return held
-
-    async def _relay_sse(self, response: UpstreamResponse, send: Send, cutting: bool) -> bytes:
-        """Forward SSE bytes as they come; hold from `data: [DONE]` on, and cut the injected usage chunk."""
-        scanner = SseScanner()
-        raw = self.raw
-        pending = b""  # stream bytes not yet sent, starting at stream offset `sent`
-        sent = 0
-        total = 0
-        done_at: int | None = None
-        cuts: list[tuple[int, int]] = []
-        async for chunk in response.iter_raw():
-            if not chunk:
-                continue
-            raw.append(chunk)
-            total += len(chunk)
-            events = scanner.feed(chunk)
-            if events:
-                self._observe(events, cuts, cutting)
-                if done_at is None:
-                    done_at = self._done_offset(events)
-            if not cutting and done_at is None and not pending:
-                sent = total
-                self.client_bytes += len(chunk)
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                continue
-            pending += chunk
-            limit = scanner.consumed if cutting else total
-            if done_at is not None:
-                limit = min(limit, done_at)
-            if limit > sent:
-                out = _without(pending, sent, limit, cuts)
-                pending = pending[limit - sent :]
-                sent = limit
-                if out:
-                    self.client_bytes += len(out)
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-        closing = scanner.close()
-        if closing:
-            self._observe(closing, cuts, cutting)
-        return _without(pending, sent, total, cuts)
-
-    def _done_offset(self, events: list[SseEvent]) -> int | None:
-        for event in events:
-            if event.data == _DONE:
-                return event.start
-        return None
-
-    def _observe(self, events: list[SseEvent], cuts: list[tuple[int, int]], cutting: bool) -> None:
+    def _observe(self, events: list[SseEvent], cuts: list[tuple[int, int]], cutting: bool) -> int | None:
+        """Note what the events say; returns the stream offset of the first `data: [DONE]` among them."""
+        done: int | None = None
         for event in events:
             data = event.data
-            if data is None or data == _DONE:
+            if data is None:
+                continue
+            if data == _DONE:
+                if done is None:
+                    done = event.start
                 continue
             info = inspect_chunk(data)
+            if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
+                self.chunk_count += 1
+                self.last_token = now = time.time()
+                if self.first_token is None:
+                    self.first_token = now
+                continue
             if cutting and info.usage_only:
                 cuts.append((event.start, event.end))
             else:
@@ -459,6 +547,83 @@ class _Call:
             if info.metrics is not None:
                 self.vllm_metrics = info.metrics
         self.metrics.chunks += len(events)
+        return done
+
+
+class _PlainRelay:
+    """A body forwarded one chunk behind, so the last chunk can wait for the record."""
+
+    __slots__ = ("held", "raw")
+
+    def __init__(self, call: _Call) -> None:
+        self.raw = call.raw
+        self.held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to send now."""
+        if not chunk:
+            return b""
+        self.raw.append(chunk)
+        out, self.held = self.held, chunk
+        return out
+
+    def close(self) -> bytes:
+        """The bytes held back: they go out once the call is recorded."""
+        return self.held
+
+
+class _SseRelay:
+    """SSE bytes forwarded as they come; held from `data: [DONE]` on; the injected usage chunk cut out."""
+
+    __slots__ = ("call", "cuts", "cutting", "done_at", "pending", "raw", "scanner", "sent", "total")
+
+    def __init__(self, call: _Call, cutting: bool) -> None:
+        self.call = call
+        self.cutting = cutting
+        self.scanner = SseScanner()
+        self.raw = call.raw
+        self.pending = b""  # stream bytes not yet sent, starting at stream offset `sent`
+        self.sent = 0
+        self.total = 0
+        self.done_at: int | None = None
+        self.cuts: list[tuple[int, int]] = []
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Bytes to send now."""
+        if not chunk:
+            return b""
+        self.raw.append(chunk)
+        self.total += len(chunk)
+        events = self.scanner.feed(chunk)
+        if events:
+            done = self.call._observe(events, self.cuts, self.cutting)
+            if done is not None and self.done_at is None:
+                self.done_at = done
+        if self.done_at is None and not self.pending:
+            if not self.cutting:
+                self.sent = self.total
+                return chunk
+            cuts = self.cuts
+            if self.scanner.consumed == self.total and (not cuts or cuts[-1][1] <= self.sent):
+                self.sent = self.total  # whole events, none cut: the chunk as it came
+                return chunk
+        self.pending += chunk
+        limit = self.scanner.consumed if self.cutting else self.total
+        if self.done_at is not None:
+            limit = min(limit, self.done_at)
+        if limit <= self.sent:
+            return b""
+        out = _without(self.pending, self.sent, limit, self.cuts)
+        self.pending = self.pending[limit - self.sent :]
+        self.sent = limit
+        return out
+
+    def close(self) -> bytes:
+        """End of the upstream body: what is left to send (from `data: [DONE]` on), minus cuts."""
+        closing = self.scanner.close()
+        if closing:
+            self.call._observe(closing, self.cuts, self.cutting)
+        return _without(self.pending, self.sent, self.total, self.cuts)
 
 
 def _without(pending: bytes, start: int, stop: int, cuts: list[tuple[int, int]]) -> bytes:

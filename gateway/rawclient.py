@@ -22,7 +22,7 @@ import asyncio
 import collections
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -70,6 +70,9 @@ class _Connection(asyncio.Protocol):
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.paused = False
+        self.held = False
+        self.sink: Callable[[bytes], None] | None = None
+        self.sink_error: Exception | None = None
         self.last_read = 0.0
         self.timer: asyncio.TimerHandle | None = None
 
@@ -96,6 +99,12 @@ class _Connection(asyncio.Protocol):
             return
         if self.overflow:  # bytes beyond the response: deliver the response, never reuse the connection
             self.close()
+        if self.sink is not None:  # piped: on_body handed the bytes over, no task wake-up per chunk
+            if self.sink_error is not None:
+                self.close()
+            if self.complete or self.closed or self.error is not None or self.sink_error is not None:
+                self._wake()
+            return
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
@@ -145,6 +154,14 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.complete:
             return
+        sink = self.sink
+        if sink is not None:
+            if self.sink_error is None:
+                try:
+                    sink(body)
+                except Exception as exc:  # a bug in the consumer: end this response, never the loop
+                    self.sink_error = exc
+            return
         self.body.append(body)
         self.buffered += len(body)
 
@@ -166,6 +183,9 @@ class _Connection(asyncio.Protocol):
         self.body = []
         self.buffered = 0
         self.error = None
+        self.sink = None
+        self.sink_error = None
+        self.held = False
         self.last_read = self.loop.time()
         self.timer = self.loop.call_at(self.last_read + self.pool.read_timeout, self._on_timer)
         self.transport.write(request)
@@ -191,6 +211,18 @@ class _Connection(asyncio.Protocol):
             self.keep_alive = False  # llhttp cannot be told the body is absent: never reuse
             self._disarm()
 
+    def hold(self, held: bool) -> None:
+        """Pause (True) or resume (False) reading for a piped consumer that cannot take more now."""
+        if held == self.held or self.transport is None or self.closed:
+            return
+        self.held = held
+        if held:
+            if not self.paused:
+                self.transport.pause_reading()
+        elif not self.paused:
+            self.last_read = self.loop.time()
+            self.transport.resume_reading()
+
     def take_body(self) -> bytes:
         body = self.body
         data = body[0] if len(body) == 1 else b"".join(body)
@@ -198,8 +230,9 @@ class _Connection(asyncio.Protocol):
         self.buffered = 0
         if self.paused and self.transport is not None and not self.closed:
             self.paused = False
-            self.last_read = self.loop.time()
-            self.transport.resume_reading()
+            if not self.held:
+                self.last_read = self.loop.time()
+                self.transport.resume_reading()
         return data
 
     def finish(self) -> None:
@@ -207,12 +240,13 @@ class _Connection(asyncio.Protocol):
         if not self.busy:
             return
         self.busy = False
+        self.sink = None
         self._disarm()
         if self.complete and self.keep_alive and self.error is None and not self.closed:
             self.body = []
             self.buffered = 0
-            if self.paused and self.transport is not None:
-                self.paused = False
+            if (self.paused or self.held) and self.transport is not None:
+                self.paused = self.held = False
                 self.transport.resume_reading()
             self.pool.release(self)
         else:
@@ -250,7 +284,7 @@ class _Connection(asyncio.Protocol):
             return
         now = self.loop.time()
         timeout = self.pool.read_timeout
-        if self.paused:  # the consumer lags, the upstream is not idle
+        if self.paused or self.held:  # the consumer lags, the upstream is not idle
             self.last_read = now
         elif now - self.last_read >= timeout:
             stage = "body" if self.headers_done else "headers"
@@ -399,6 +433,38 @@ class RawResponse:
         finally:
             self._release()  # pooled if complete on the wire, else closed (cancelled, abandoned, failed)
 
+    async def pipe(self, sink: Callable[[bytes], None]) -> None:
+        """Hand every body chunk to `sink` from the protocol callback as it arrives (instead of `iter_raw`).
+
+        Returns once the body is complete; raises `UpstreamError` like `iter_raw`. `hold(True)` pauses
+        reading from the upstream while the consumer cannot take more (backpressure), `hold(False)` resumes.
+        """
+        conn = self._conn
+        try:
+            if conn.body:
+                sink(conn.take_body())
+            conn.sink = sink
+            while True:
+                if conn.sink_error is not None:
+                    raise conn.sink_error
+                if conn.body:  # arrived between two checks (never when piped, kept for safety)
+                    sink(conn.take_body())
+                elif conn.error is not None:
+                    raise conn.error
+                elif conn.complete:
+                    break
+                elif conn.closed:
+                    raise UpstreamReset("the upstream connection was closed mid-body")
+                else:
+                    await conn.wait()
+        finally:
+            conn.sink = None
+            self._release()
+
+    def hold(self, held: bool) -> None:
+        if not self._done:
+            self._conn.hold(held)
+
     async def aclose(self) -> None:
         self._release()
 
@@ -437,11 +503,21 @@ class RawUpstream:
         parts += (b"\r\n", body)
         return b"".join(parts)
 
-    async def send(self, method: str, target: str, headers: Sequence[Header], body: bytes) -> RawResponse:
+    async def send(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[Header],
+        body: bytes,
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> RawResponse:
         request = self._request(method, target, headers, body)
         conn = await self._pool.acquire()
         try:
             conn.start(request, head_only=method == "HEAD")
+            if on_sent is not None:
+                on_sent()
             await conn.wait_headers()
         except BaseException:
             conn.close()

@@ -3,7 +3,8 @@
     serve(settings)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
                                         (RawUpstream for http://, httpx for https://)
                      └ background tasks (e.g. a projection follower), woken after every commit
-                     └ uvicorn (httptools parser, uvloop), listening socket with TCP_NODELAY
+                     └ HttpServer (gateway.server: asyncio protocol, httptools, uvloop), listening socket
+                       with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
 
 Resources are opened here and closed in `finally`, in reverse order; the writer drains its queue
 before the database is disposed, so nothing accepted is dropped on a clean shutdown.
@@ -13,18 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import gc
+import signal
 import socket
+import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
-import uvicorn
 from litestar import Router
 
-from gateway.app import create_app
-from gateway.proxy import AbortResponse
+from gateway.app import GatewayApp, create_app
 from gateway.rawclient import RawUpstream
+from gateway.server import HttpServer
 from gateway.upstream import UpstreamClient, as_upstream, httpx_client
 from ledger.db import Database, open_database
 from ledger.errors import DatabaseUnavailable
@@ -40,12 +42,11 @@ ApiFactory = Callable[[Database, Settings], Sequence[Router]]
 log = structlog.get_logger("gateway.serve")
 
 
-class _DropAborts(logging.Filter):
-    """An aborted response (upstream failed mid-body) is already logged as `call_failed`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, AbortResponse)
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""How long the event loop may wait for the GIL while the SQLite appender thread runs Python (default
+5 ms): a response that arrived waited behind the previous call's commit; 0.5 ms bounds that wait."""
+GRACEFUL_SHUTDOWN_S = 30.0
+"""On SIGTERM / SIGINT, calls in flight get this long to finish before their connections are closed."""
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -86,6 +87,9 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
             try:
                 routers = api(database, settings) if api is not None else ()
                 app = create_app(settings, database=database, writer=writer, http_client=client, api_routers=routers)
+                gc.collect()
+                gc.freeze()  # start-up objects (Litestar, SQLAlchemy, ...) live forever: keep them out of GC scans
+                sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
                 await _run_server(app, settings)
             finally:
                 for task in tasks:
@@ -122,21 +126,22 @@ def _coalesced(wake: asyncio.Event, interval_s: float) -> Callable[[int], None]:
     return on_commit
 
 
-async def _run_server(app: Any, settings: Settings) -> None:
-    logging.getLogger("uvicorn.error").addFilter(_DropAborts())
+async def _run_server(app: GatewayApp, settings: Settings) -> None:
     sock = bind_socket(settings.host, settings.port)
-    config = uvicorn.Config(
-        app,
-        http="httptools",
-        lifespan="off",
-        access_log=False,
-        log_config=None,
-        log_level=settings.log_level.lower(),
-        timeout_graceful_shutdown=30,
-        server_header=False,
-        date_header=False,
-    )
-    server = uvicorn.Server(config)
+    server = HttpServer(app.handle, max_body_bytes=settings.max_body_bytes)
+    await server.start(sock)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            server.force_close()  # a second signal: do not wait for the calls in flight
+        stop.set()
+
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
     log.info(
         "gateway_listening",
         host=settings.host,
@@ -144,4 +149,13 @@ async def _run_server(app: Any, settings: Settings) -> None:
         upstream=settings.upstream,
         durability=settings.durability,
     )
-    await server.serve(sockets=[sock])
+    try:
+        await stop.wait()
+        log.info("gateway_stopping", connections=len(server.connections))
+    finally:
+        try:
+            await server.shutdown(GRACEFUL_SHUTDOWN_S)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, previous[sig])

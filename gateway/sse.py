@@ -42,10 +42,30 @@ class SseScanner:
         return self._event_start
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        events: list[SseEvent] = []
+        if self._pos >= len(self._buf) and self._data is None and b"\r" not in chunk:
+            # Fast path, nearly every chunk of an LLM stream: whole `data: ...` events, nothing pending.
+            offset = self._buf_offset + len(self._buf)
+            pos = 0
+            n = len(chunk)
+            while pos < n:
+                end = chunk.find(b"\n\n", pos)
+                if end < 0 or not chunk.startswith(b"data: ", pos) or chunk.find(b"\n", pos, end) >= 0:
+                    break  # an incomplete event, another field, several lines: the general scan below
+                stop = offset + end + 2
+                events.append(SseEvent(self._event_start, stop, chunk[pos + 6 : end]))
+                self._event_start = stop
+                pos = end + 2
+            self._buf = b""
+            self._buf_offset = offset + pos
+            self._pos = 0
+            if pos == n:
+                return events
+            if pos:
+                chunk = chunk[pos:]
         buf = self._buf[self._pos :] + chunk if self._pos else self._buf + chunk
         self._buf_offset += self._pos
         self._pos = 0
-        events: list[SseEvent] = []
         pos = 0
         n = len(buf)
         has_cr = b"\r" in buf

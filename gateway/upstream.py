@@ -7,7 +7,7 @@ one with `MockTransport` / `ASGITransport`). Transport failures come out as the 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 import httpx
@@ -33,8 +33,19 @@ class UpstreamResponse(Protocol):
 class UpstreamClient(Protocol):
     base_url: str
 
-    async def send(self, method: str, target: str, headers: Sequence[Header], body: bytes) -> UpstreamResponse:
-        """Send one request (`target` = path and query) and return once the response headers arrived."""
+    async def send(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[Header],
+        body: bytes,
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
+        """Send one request (`target` = path and query) and return once the response headers arrived.
+
+        `on_sent` is called once the request is on its way (work that can overlap the upstream's).
+        """
         ...
 
     async def aclose(self) -> None: ...
@@ -94,7 +105,17 @@ class HttpxUpstream:
         self.client = client
         self.base_url = str(client.base_url).rstrip("/")
 
-    async def send(self, method: str, target: str, headers: Sequence[Header], body: bytes) -> UpstreamResponse:
+    async def send(
+        self,
+        method: str,
+        target: str,
+        headers: Sequence[Header],
+        body: bytes,
+        *,
+        on_sent: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
+        if on_sent is not None:
+            on_sent()  # httpx writes and waits in one call: nothing to overlap
         request = self.client.build_request(method, self.base_url + target, headers=list(headers), content=body)
         sent = {name for name, _ in headers}
         for name in _DEFAULT_HEADERS:  # httpx adds its own defaults; forward only what the client sent

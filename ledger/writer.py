@@ -30,6 +30,8 @@ __all__ = ("Durable", "EventWriter", "replay_spool")
 Durable = Literal["committed", "spooled"]
 log = structlog.get_logger("ledger.writer")
 _RESOLVE_SLICE = 256  # futures resolved per event-loop turn
+INLINE_COMPRESS_BYTES = 16 * 1024
+"""Bodies of a batch up to this size are compressed on the loop (tens of µs); a thread hop costs more."""
 
 
 async def replay_spool(database: Database, spool: Spool, batch_max_events: int = 5000) -> tuple[int, int]:
@@ -190,8 +192,14 @@ class EventWriter:
     async def _write(
         self, events: list[NewEvent], bodies: list[Mapping[str, bytes]], done: list[asyncio.Future[Durable]]
     ) -> None:
-        # zstd releases the GIL: compress on a worker thread, not on the proxy's event loop
-        blobs = await asyncio.to_thread(self._prepare, bodies) if bodies else []
+        # zstd releases the GIL: compress large batches on a worker thread, not on the proxy's event loop
+        blobs: list[PreparedBlob] = []
+        if bodies:
+            size = sum(len(data) for mapping in bodies for data in mapping.values())
+            if size <= INLINE_COMPRESS_BYTES:
+                blobs = self._prepare(bodies)
+            else:
+                blobs = await asyncio.to_thread(self._prepare, bodies)
         outcome: Durable
         try:
             if self._spooling and not await self._try_replay():

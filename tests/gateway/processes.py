@@ -74,7 +74,9 @@ def upgrade(db_url: str) -> None:
     subprocess.run([LEDGER, "db", "upgrade", "--db", db_url], check=True, capture_output=True)
 
 
-def gateway(tmp: Path, upstream: str, db_url: str, *extra: str, port: int | None = None) -> Process:
+def gateway(
+    tmp: Path, upstream: str, db_url: str, *extra: str, port: int | None = None, env: dict[str, str] | None = None
+) -> Process:
     port = port or free_port()
     args = [
         LEDGER,
@@ -90,7 +92,10 @@ def gateway(tmp: Path, upstream: str, db_url: str, *extra: str, port: int | None
         *extra,
     ]
     proc = Process(
-        args, f"http://127.0.0.1:{port}/_ledger/health", tmp / f"gateway-{port}.log", env={"LEDGER_LOG_FORMAT": "json"}
+        args,
+        f"http://127.0.0.1:{port}/_ledger/health",
+        tmp / f"gateway-{port}.log",
+        env={"LEDGER_LOG_FORMAT": "json", **(env or {})},
     )
     proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     proc.port = port  # type: ignore[attr-defined]

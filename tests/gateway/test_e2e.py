@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from ledger.events import CallFailed, CallFinished, CallStarted, Event
 from ledger.read import iter_events
 from tests.gateway import processes
 from tests.gateway.processes import Process
+from tests.gateway.wire import read_response
 
 MODEL = "emulator-moe"
 
@@ -195,3 +197,66 @@ async def test_client_disconnect_cancels_upstream(gateway: Process, emulator: Pr
         await asyncio.sleep(0.1)
     assert [(e.reason, e.phase) for e in failed] == [("client_disconnected", "stream")]
     assert failed[0].chunk_count >= 3
+
+
+def _chat(body: bytes, *, chunked: bool = False) -> bytes:
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\nx-ledger-run: wire\r\n"
+    if chunked:
+        half = len(body) // 2
+        parts = b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in (body[:half], body[half:]))
+        return head + b"transfer-encoding: chunked\r\n\r\n" + parts + b"0\r\n\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(body) + body
+
+
+async def test_real_server_keep_alive_pipelining_chunked_malformed_and_admin(
+    emulator: Process, backend_url: str, tmp_path: Path
+) -> None:
+    """`ledger serve` on the wire: one connection for several calls, a pipelined pair, a chunked body,
+    a malformed request; the admin API through the ASGI adapter with its token; the SDK on keep-alive."""
+    processes.upgrade(backend_url)
+    gw = processes.gateway(tmp_path, emulator.url, backend_url, env={"LEDGER_ADMIN_TOKEN": "tok"}).start()  # type: ignore[attr-defined]
+    plain = b'{"model":"emulator-moe","messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
+    stream = b'{"model":"emulator-moe","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true}'
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)  # type: ignore[attr-defined]
+        ids = []
+        for request in (_chat(plain), _chat(plain, chunked=True), _chat(plain)):  # keep-alive, one connection
+            writer.write(request)
+            status, headers, body = await read_response(reader)
+            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+            ids.append(headers["x-ledger-call-id"])
+        writer.write(_chat(stream) + _chat(plain))  # a pipelined pair: answered in order
+        first, second = await read_response(reader), await read_response(reader)
+        assert first[1]["content-type"].startswith("text/event-stream") and first[2].endswith(b"data: [DONE]\n\n")
+        assert b'"usage"' not in first[2] and json.loads(second[2])["usage"]["completion_tokens"] == 3
+        ids += [first[1]["x-ledger-call-id"], second[1]["x-ledger-call-id"]]
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\ncontent-length: x\r\n\r\n")  # malformed
+        status, headers, _ = await read_response(reader)
+        assert status == 400 and headers["connection"] == "close" and await reader.read() == b""
+        writer.close()
+
+        client = sdk(gw.url)  # type: ignore[attr-defined]
+        for _ in range(3):  # the SDK reuses its connection
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                max_tokens=2,  # type: ignore[arg-type]
+            )
+            ids.append(raw.headers["x-ledger-call-id"])
+        await client.close()
+
+        async with httpx.AsyncClient(base_url=gw.url) as http:  # type: ignore[attr-defined]
+            assert (await http.get("/_ledger/health")).json()["status"] == "ok"
+            assert (await http.get("/_ledger/metrics")).status_code == 401
+            auth = {"authorization": "Bearer tok"}
+            metrics = (await http.get("/_ledger/metrics", headers=auth)).text
+            assert 'ledger_gateway_calls_total{status="200"} 8' in metrics
+            assert (await http.get("/_ledger/api/schema/openapi.json", headers=auth)).status_code == 200
+            events = (await http.get(f"/_ledger/api/calls/{ids[1]}/events", headers=auth)).json()
+            assert [e["type"] for e in events["events"]] == ["call.started", "call.finished"]
+    finally:
+        gw.stop()
+    assert len(set(ids)) == 8
+    finished = {e.call_id for e in await ledger_events(backend_url) if isinstance(e, CallFinished)}
+    assert set(ids) == finished
+    assert "gateway_listening" in gw.log_path.read_text()
