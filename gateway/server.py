@@ -34,12 +34,23 @@ import structlog
 from gateway.errors import BodyTooLarge, GatewayError, error_body
 from gateway.headers import Header
 
-__all__ = ("KEEPALIVE_TIMEOUT_S", "AbortSignal", "Exchange", "HttpConnection", "HttpServer", "Request")
+__all__ = (
+    "KEEPALIVE_TIMEOUT_S",
+    "MAX_HEAD_BYTES",
+    "AbortSignal",
+    "Exchange",
+    "HttpConnection",
+    "HttpServer",
+    "Request",
+)
 
 log = structlog.get_logger("gateway.server")
 
 KEEPALIVE_TIMEOUT_S = 5.0
 """An idle keep-alive connection is closed after this long (uvicorn's default)."""
+
+MAX_HEAD_BYTES = 64 * 1024
+"""Request line plus headers; more is answered 431 (httptools alone would buffer them without end)."""
 
 Handler = Callable[["Request", "Exchange"], Awaitable[None]]
 
@@ -203,6 +214,8 @@ class HttpConnection(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.task: asyncio.Task[None] | None = None
         self.bad_request: str | None = None
+        self.bad_status = 400
+        self.head_bytes = 0
         self.idle_timer: asyncio.TimerHandle | None = None
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
@@ -229,7 +242,11 @@ class HttpConnection(asyncio.Protocol):
             self._malformed("protocol upgrades (e.g. WebSocket) are not supported by the gateway")
             return
         except httptools.HttpParserError as exc:
-            self._malformed(f"malformed HTTP request: {exc}")
+            if isinstance(exc.__context__, _HeadTooLarge):
+                self.bad_status = 431
+                self._malformed(str(exc.__context__))
+            else:
+                self._malformed(f"malformed HTTP request: {exc}")
             return
         if len(self.requests) > 1 and not self.read_paused and self.transport is not None:
             self.read_paused = True  # a pipelined request waits for its turn: read no further ahead
@@ -271,13 +288,21 @@ class HttpConnection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self.parsing = Request()
         self.url = b""
+        self.head_bytes = 0
 
     def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.parsing is not None
+        self._count_head(len(name) + len(value))
         self.parsing.headers.append((name.lower(), value))
+
+    def _count_head(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise _HeadTooLarge(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
 
     def on_headers_complete(self) -> None:
         request = self.parsing
@@ -454,8 +479,11 @@ class HttpConnection(asyncio.Protocol):
 
     def _answer_bad_request(self) -> None:
         reason = self.bad_request or "malformed HTTP request"
-        body = error_body(reason, kind="invalid_request_error", code="bad_request")
-        head = _status_line(400) + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        status, code = (431, "headers_too_large") if self.bad_status == 431 else (400, "bad_request")
+        body = error_body(reason, kind="invalid_request_error", code=code)
+        head = (
+            _status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        )
         self.write(head % len(body) + body)
         self.close()
 
@@ -472,6 +500,10 @@ class HttpConnection(asyncio.Protocol):
         self.idle_timer = None
         if self.idle:
             self.close()
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback; httptools re-raises it as the context of its callback error."""
 
 
 class AbortSignal(Exception):

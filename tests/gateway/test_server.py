@@ -17,7 +17,7 @@ from gateway.app import create_app
 from gateway.asgi import run_asgi
 from gateway.rawclient import RawUpstream
 from gateway.serve import bind_socket
-from gateway.server import Exchange, HttpServer, Request
+from gateway.server import MAX_HEAD_BYTES, Exchange, HttpServer, Request
 from ledger.db import Database
 from ledger.settings import Settings
 from ledger.spool import Spool
@@ -151,6 +151,33 @@ async def test_malformed_request_gets_400_and_the_connection_closes() -> None:
         assert await reader.read() == b""
         await close(writer)
     assert handled == ["/ok"]
+
+
+async def test_oversized_request_head_gets_431_and_the_connection_closes() -> None:
+    handled: list[str] = []
+
+    async def handler(request: Request, exchange: Exchange) -> None:
+        handled.append(request.path)
+        await echo(request, exchange)
+
+    async with running(handler) as (_, port):
+        for head in (
+            b"GET /" + b"a" * MAX_HEAD_BYTES + b" HTTP/1.1\r\nhost: x\r\n\r\n",
+            b"GET / HTTP/1.1\r\n" + b"".join(b"x-filler-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70)) + b"\r\n",
+        ):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            status, headers, body = await read_response(reader)
+            assert status == 431 and headers["connection"] == "close"
+            assert json.loads(body)["error"]["code"] == "headers_too_large"
+            assert await reader.read() == b""
+            await close(writer)
+        # just under the limit is an ordinary request
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /" + b"a" * (MAX_HEAD_BYTES // 2) + b" HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        await close(writer)
+    assert len(handled) == 1
 
 
 async def test_body_over_the_limit_gets_413_and_the_connection_closes() -> None:
