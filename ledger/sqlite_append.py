@@ -46,14 +46,34 @@ _BACKSTOP_PAGES = 10_000
 _CACHE_KIB = -65536  # negative: KiB, as SQLite's PRAGMA cache_size takes it
 
 
-class _Checkpointer:
+class _ThreadConnection:
+    """One `sqlite3` connection, opened lazily and used only on this object's own worker thread."""
+
+    def __init__(self, path: str, synchronous: str, thread_name: str) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
+        self._conn: sqlite3.Connection | None = None
+
+    def _stop(self) -> None:
+        """Close the connection on its thread, then end the thread."""
+        self._executor.submit(self._reset).result()
+        self._executor.shutdown(wait=True)
+
+    def _reset(self) -> None:
+        """Forget the connection (on its thread); the next use reconnects."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+class _Checkpointer(_ThreadConnection):
     """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own thread; requests coalesce."""
 
     def __init__(self, path: str, synchronous: str) -> None:
-        self.path = path
-        self.synchronous = synchronous
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite-checkpoint")
-        self._conn: sqlite3.Connection | None = None
+        super().__init__(path, synchronous, "ledger-sqlite-checkpoint")
         self._lock = threading.Lock()
         self._queued = False
         self.completed = 0  # checkpoints run (for tests and diagnostics)
@@ -66,13 +86,7 @@ class _Checkpointer:
         self._executor.submit(self._checkpoint)
 
     def close(self) -> None:
-        def close_connection() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        self._executor.submit(close_connection).result()
-        self._executor.shutdown(wait=True)
+        self._stop()
 
     def _checkpoint(self) -> None:
         with self._lock:
@@ -84,20 +98,14 @@ class _Checkpointer:
             self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
             self.completed += 1
         except sqlite3.Error:
-            # the appender's backstop checkpoints inline meanwhile; reconnect on the next request
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._reset()  # the appender's backstop checkpoints inline meanwhile; reconnect on the next request
 
 
-class SqliteAppender:
+class SqliteAppender(_ThreadConnection):
     """Owns one `sqlite3` connection on one thread; `append` runs a whole batch there."""
 
     def __init__(self, path: str, synchronous: str = "FULL") -> None:
-        self.path = path
-        self.synchronous = synchronous
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-sqlite-append")
-        self._conn: sqlite3.Connection | None = None
+        super().__init__(path, synchronous, "ledger-sqlite-append")
         self._checkpointer = _Checkpointer(path, synchronous) if path not in ("", ":memory:") else None
         self._unchecked_bytes = 0  # estimated WAL bytes written since the last checkpoint request
 
@@ -109,13 +117,7 @@ class SqliteAppender:
         return await loop.run_in_executor(self._executor, self._append, batch, blobs, recorded_at)
 
     def close(self) -> None:
-        def close_connection() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-
-        self._executor.submit(close_connection).result()
-        self._executor.shutdown(wait=True)
+        self._stop()
         if self._checkpointer is not None:
             self._checkpointer.close()
 
@@ -196,10 +198,3 @@ class SqliteAppender:
             cursor = conn.execute(f"SELECT event_id FROM ledger_events WHERE event_id IN ({marks})", chunk)
             found.update(uuid.UUID(row[0]) for row in cursor)
         return found
-
-    def _reset(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
