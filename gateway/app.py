@@ -43,8 +43,7 @@ class GatewayApp:
     async def handle(self, request: Request, exchange: Exchange) -> None:
         """One request from `gateway.server`: admin paths through the ASGI adapter, the rest proxied."""
         if is_admin_path(request.path):
-            conn = exchange.connection
-            await run_asgi(self.admin, request, exchange, client=conn.client, server=conn.local)  # type: ignore[arg-type]
+            await run_asgi(self.admin, request, exchange)  # type: ignore[arg-type]
         else:
             await self.proxy.handle(request, exchange)
 

@@ -26,14 +26,8 @@ AsgiApp = Callable[
 ]
 
 
-async def run_asgi(
-    app: AsgiApp,
-    request: Request,
-    exchange: Exchange,
-    *,
-    client: tuple[str, int] | None,
-    server: tuple[str, int] | None,
-) -> None:
+async def run_asgi(app: AsgiApp, request: Request, exchange: Exchange) -> None:
+    conn = exchange.connection
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -45,8 +39,8 @@ async def run_asgi(
         "query_string": request.query,
         "root_path": "",
         "headers": request.headers,
-        "client": client,
-        "server": server,
+        "client": conn.client,
+        "server": conn.local,
         "state": {},
     }
     body_sent = False

@@ -17,8 +17,12 @@ class Histogram:
     """A Prometheus histogram: cumulative buckets, sum and count."""
 
     buckets: tuple[float, ...] = _LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * (len(_LATENCY_BUCKETS) + 1))
+    counts: list[int] = field(init=False)
+    """One per bucket, then the overflow above the last bound (not cumulative; `render` sums them)."""
     total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.buckets) + 1)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.buckets, value)] += 1

@@ -147,9 +147,7 @@ class Proxy:
         try:
             ledger_tags, headers = parse_ledger_headers(request.headers)
         except GatewayError as exc:
-            body = exc.body()
-            exchange.start_now(exc.status, _json_headers(body, []))
-            exchange.end_now(body)
+            exchange.respond_json(exc.status, exc.body())
             return
         path = request.raw_path.decode("latin-1")
         query = request.query.decode("latin-1")

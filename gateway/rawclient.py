@@ -7,6 +7,8 @@ thousands of small chunks. This client does what the gateway needs and nothing e
                      ─► _Connection: one write (request line, headers, body) ─► await headers
     RawResponse.iter_raw ◄─ body bytes (de-chunked) handed over per `data_received`, joined
                             when the consumer lags; reading pauses above `HIGH_WATER` bytes
+    RawResponse.pipe     ◄─ or: each body chunk handed to a sink from `on_body` (no task wake-up
+                            per chunk); the sink's consumer pauses reading with `hold`
 
 A connection goes back to the pool only when its response was complete on the wire and
 keep-alive is allowed; anything else (closed early, cancelled, timed out) closes it. The read
@@ -21,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import cast
 from urllib.parse import urlsplit
@@ -78,11 +79,8 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # TCP_NODELAY: asyncio (TCP sockets from create_connection) and uvloop (every transport) set it
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
         if not self.busy:  # bytes on an idle connection: nothing can be trusted on it any more
@@ -416,20 +414,26 @@ class RawResponse:
             self._done = True
             self._conn.finish()
 
-    async def iter_raw(self) -> AsyncIterator[bytes]:
+    async def _next(self) -> bytes | None:
+        """The body bytes buffered since the last call (waiting for some), None at the end of the body."""
         conn = self._conn
+        while True:
+            if conn.sink_error is not None:
+                raise conn.sink_error
+            if conn.body:  # when piped: only what arrived before `pipe` began
+                return conn.take_body()
+            if conn.error is not None:
+                raise conn.error
+            if conn.complete:
+                return None
+            if conn.closed:
+                raise UpstreamReset("the upstream connection was closed mid-body")
+            await conn.wait()
+
+    async def iter_raw(self) -> AsyncIterator[bytes]:
         try:
-            while True:
-                if conn.body:
-                    yield conn.take_body()
-                elif conn.error is not None:
-                    raise conn.error
-                elif conn.complete:
-                    break
-                elif conn.closed:
-                    raise UpstreamReset("the upstream connection was closed mid-body")
-                else:
-                    await conn.wait()
+            while (chunk := await self._next()) is not None:
+                yield chunk
         finally:
             self._release()  # pooled if complete on the wire, else closed (cancelled, abandoned, failed)
 
@@ -441,22 +445,9 @@ class RawResponse:
         """
         conn = self._conn
         try:
-            if conn.body:
-                sink(conn.take_body())
-            conn.sink = sink
-            while True:
-                if conn.sink_error is not None:
-                    raise conn.sink_error
-                if conn.body:  # arrived between two checks (never when piped, kept for safety)
-                    sink(conn.take_body())
-                elif conn.error is not None:
-                    raise conn.error
-                elif conn.complete:
-                    break
-                elif conn.closed:
-                    raise UpstreamReset("the upstream connection was closed mid-body")
-                else:
-                    await conn.wait()
+            conn.sink = sink  # from now on body bytes go to `sink` from `on_body`; `_next` wakes at the end
+            while (chunk := await self._next()) is not None:
+                sink(chunk)
         finally:
             conn.sink = None
             self._release()

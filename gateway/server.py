@@ -111,7 +111,7 @@ class Request:
 class Exchange:
     """The response side of one request, written straight to the connection's transport.
 
-    `start_now`, then any number of `send` (or `push` from a protocol callback), then `end_now` — or `abort`.
+    `start_now`, then any number of `send` (or `push` from a protocol callback), then `end_now` (or all at once: `respond_json`) — or `abort`.
     `on_disconnect` is called once if the client goes away before the response ended.
     """
 
@@ -174,6 +174,11 @@ class Exchange:
         else:
             self.push(data)
 
+    def respond_json(self, status: int, body: bytes) -> None:
+        """A whole JSON response at once (the gateway's own error answers)."""
+        self.start_now(status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())])
+        self.end_now(body)
+
     def abort(self) -> None:
         """Drop the connection: the client must not take a cut body for a complete one."""
         self.ended = True
@@ -222,11 +227,8 @@ class HttpConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # TCP_NODELAY: inherited from the listening socket (`bind_socket`), and uvloop sets it on every transport
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.client = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
         self.server.connections.add(self)
@@ -260,9 +262,7 @@ class HttpConnection(asyncio.Protocol):
         self.closed = True
         self._disarm_idle()
         self.server.connection_closed(self)
-        waiter = self.drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
         exchange = self.exchange
         if exchange is not None and not exchange.ended:
             exchange.paused(False)
@@ -280,9 +280,7 @@ class HttpConnection(asyncio.Protocol):
         self.write_paused = False
         if self.exchange is not None:
             self.exchange.paused(False)
-        waiter = self.drain_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake()
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -354,7 +352,7 @@ class HttpConnection(asyncio.Protocol):
         request.complete = True
         self.parsing = None
         if self.requests and self.requests[0] is request and self.task is not None and self.exchange is None:
-            self._wake_body()
+            self._wake()
 
     # -- requests ------------------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -365,7 +363,8 @@ class HttpConnection(asyncio.Protocol):
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    def _wake_body(self) -> None:
+    def _wake(self) -> None:
+        """Wake `_wait`: the body arrived, the client reads again, or the connection is gone."""
         waiter = self.drain_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -386,7 +385,7 @@ class HttpConnection(asyncio.Protocol):
                 limit = self.server.max_body_bytes
                 error = BodyTooLarge(f"the request body exceeds {limit} bytes (LEDGER_MAX_BODY_BYTES)")
                 exchange.keep_alive = False  # the rest of the body is not read
-                _respond(exchange, error.status, error.body())
+                exchange.respond_json(error.status, error.body())
                 return
             try:
                 await self.server.handler(request, exchange)
@@ -396,7 +395,7 @@ class HttpConnection(asyncio.Protocol):
                 if not exchange.started and not self.closed:
                     exchange.keep_alive = False
                     failure = GatewayError(f"the gateway failed to answer: {type(exc).__name__}")
-                    _respond(exchange, 500, failure.body())
+                    exchange.respond_json(500, failure.body())
                 elif not exchange.ended:
                     exchange.abort()
         except asyncio.CancelledError:
@@ -510,12 +509,6 @@ class AbortSignal(Exception):
     """Base for exceptions a handler raises to drop the connection without a server error log."""
 
 
-def _respond(exchange: Exchange, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    exchange.start_now(status, headers)
-    exchange.end_now(body)
-
-
 def _address(value: object) -> tuple[str, int] | None:
     if isinstance(value, tuple) and len(value) >= 2:
         return str(value[0]), int(value[1])
@@ -536,6 +529,7 @@ class HttpServer:
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, sock: socket.socket) -> None:
+        """Serve on `sock`, bound and listening (`gateway.serve.bind_socket`)."""
         self._server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock, backlog=2048)
 
     def force_close(self) -> None:
