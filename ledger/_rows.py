@@ -5,7 +5,7 @@ event id and times in the form the backend's driver takes (SQLite: hex and ISO t
 SQLAlchemy's `Uuid` and `UTCDateTime` types store them; PostgreSQL: UUID and aware datetimes).
 
 This is the append path's hot loop (one pass per event, under the GIL), so it computes what
-`chain.chain_digest` computes with fewer Python objects: the payload is encoded once and hashed
+`chain.chain_hash` computes with fewer Python objects: the payload is encoded once and hashed
 as those bytes, the type's length-prefixed bytes are cached per event class, the id's bytes and
 hex come from its integer, and SQLite times reuse the formatted minute. A test pins the rows'
 hashes to `chain.chain_hash`.

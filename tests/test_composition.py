@@ -57,15 +57,18 @@ def test_the_follower_process_dies_with_a_killed_gateway(tmp_path: Path) -> None
     upgrade(url)
     proxy = gateway(tmp_path, "http://127.0.0.1:9", url).start()
     assert proxy.proc is not None
-    deadline = time.monotonic() + 10
-    while not (followers := _children(proxy.proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(followers) == 1
-    proxy.kill()  # SIGKILL: no shutdown code runs in the gateway
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{followers[0]}").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert (
-        not Path(f"/proc/{followers[0]}").exists() or "Z" in Path(f"/proc/{followers[0]}/stat").read_text().split()[2]
-    )
-    proxy.log.close()
+    try:
+        deadline = time.monotonic() + 10
+        while not (followers := _children(proxy.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(followers) == 1
+        proxy.kill()  # SIGKILL: no shutdown code runs in the gateway
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{followers[0]}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (
+            not Path(f"/proc/{followers[0]}").exists()
+            or "Z" in Path(f"/proc/{followers[0]}/stat").read_text().split()[2]
+        )
+    finally:
+        proxy.stop()  # a gateway a failed assertion left running (its follower goes with it); closes the log

@@ -1,9 +1,10 @@
 """`ledger demo`: the emulator, the gateway and a seed-shaped batch, then the reports.
 
-Two runs of `tickers × steps` calls go through the real gateway into an embedded SQLite ledger:
-the `moe` profile with 14 concurrent workers, then `dense` with 3. The emulator runs `--speed`
-times faster than a real GPU, so the ledger records compressed wall-clock time; the demo reads
-the emulator's clock to show what the same run took in emulated GPU time.
+Two runs of `tickers × steps` calls, one per box and both at once, go through two real gateways
+into one embedded SQLite ledger: the `moe` profile with 14 calls in flight, `dense` with 3. Each
+emulator's clock runs fast enough that its batch (scaled from the seed's real duration) takes
+about `--seconds`, so the ledger records compressed wall-clock time; the demo reads the
+emulators' clocks to show what the same runs took in emulated GPU time.
 """
 
 from __future__ import annotations

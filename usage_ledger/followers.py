@@ -9,14 +9,15 @@ the proxy's loop only proxies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import signal
 import sys
 import time
 
 import structlog
 
 from ledger.db import Database
+from usage_ledger.processes import stop_process
 
 __all__ = ("projections_follower_process",)
 
@@ -47,14 +48,7 @@ async def projections_follower_process(database: Database, _wake: asyncio.Event)
         try:
             code = await child.wait()
         except asyncio.CancelledError:
-            if child.returncode is None:
-                child.terminate()
-                try:
-                    await asyncio.wait_for(child.wait(), 10)
-                except TimeoutError:
-                    child.kill()
-                    with contextlib.suppress(ProcessLookupError):
-                        await child.wait()
+            await stop_process(child, signal.SIGTERM, 10.0)
             raise
         if time.monotonic() - started > 60:
             delay = 1.0  # it had been running fine: restart promptly

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ("Child", "free_port", "start_child")
+__all__ = ("Child", "free_port", "start_child", "stop_process")
 
 
 def free_port() -> int:
@@ -32,14 +32,19 @@ class Child:
         self.log_path = log_path
 
     async def stop(self, timeout_s: float = 15.0) -> None:
-        if self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            await asyncio.wait_for(self.process.wait(), timeout_s)
-        except TimeoutError:
-            self.process.kill()
-            await self.process.wait()
+        await stop_process(self.process, signal.SIGINT, timeout_s)
+
+
+async def stop_process(process: asyncio.subprocess.Process, sig: int, timeout_s: float) -> None:
+    """Send `sig` to a running process and wait for it; SIGKILL if it has not exited after `timeout_s`."""
+    if process.returncode is not None:
+        return
+    process.send_signal(sig)
+    try:
+        await asyncio.wait_for(process.wait(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
 
 
 async def start_child(name: str, args: Sequence[str], ready_url: str, log_dir: Path, timeout_s: float = 30.0) -> Child:

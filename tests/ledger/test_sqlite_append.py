@@ -28,29 +28,29 @@ async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on
     appender = database.sqlite_appender
     assert appender is not None and appender._checkpointer is not None
 
-    async def reader() -> int:
-        seen = 0
+    async def reader() -> None:
         for _ in range(20):
-            seen = max(seen, len([e async for e in iter_events(database)]))
+            [e async for e in iter_events(database)]
             await asyncio.sleep(0)
-        return seen
 
     async with EventWriter(database, batch_max_events=50) as writer:
         producers = [writer.append(call_events(i)) for i in range(300)]
-        outcomes, seen = await asyncio.gather(asyncio.gather(*producers), reader())
-    assert set(outcomes) == {"committed"} and seen <= 600
+        outcomes, _ = await asyncio.gather(asyncio.gather(*producers), reader())
+    assert set(outcomes) == {"committed"}
     report = await verify_chain(database)
     assert report.ok and report.checked == 600
-    await database.dispose()  # waits for a checkpoint in flight
-    assert appender._checkpointer.completed >= 1
-    # what the checkpoints copied is in the database file itself: nothing is left only in the WAL
-    conn = sqlite3.connect(path)
+    checkpointer = appender._checkpointer
+    await asyncio.wrap_future(checkpointer._executor.submit(lambda: None))  # the last request has run
+    assert checkpointer.completed >= 1
+    # The checkpoints copied events into the database file itself, read here without the WAL
+    # (`immutable`), while every connection is still open: closing the last one checkpoints
+    # everything anyway, so the file after `dispose` would prove nothing.
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
     try:
-        busy, wal_frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        assert busy == 0 and wal_frames == copied
-        assert conn.execute("SELECT count(*) FROM ledger_events").fetchone()[0] == 600
+        assert conn.execute("SELECT count(*) FROM ledger_events").fetchone()[0] > 0
     finally:
         conn.close()
+    await database.dispose()
 
 
 async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_pages(tmp_path: Path) -> None:
