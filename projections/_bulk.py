@@ -27,15 +27,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from projections._bulk_pg import PG_STATEMENTS
 from projections._bulk_sqlite import SQLITE_STATEMENTS
+from projections.tables import calls
 
 __all__ = ("drop_work_tables", "insert_plain_calls", "prepare_calls", "remaining_positions")
 
-_COLUMNS = (
-    "version, call_id, run, ticker, tags, model, origin, source, status, http_status, failure_reason, "
-    "usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens, "
-    "output_tokens, cached_tokens, prefill_tps, decode_tps, request_blob, response_blob, retags, last_position"
-)
-
+# every column of the view but `version`: `rebuild_rows` has one of each name
+_COPIED = ", ".join(c.name for c in calls.columns if c.name != "version")
 
 _WORK_TABLES = (
     "rebuild_rows",
@@ -63,8 +60,8 @@ async def prepare_calls(conn: AsyncConnection, head: int) -> None:
 async def insert_plain_calls(conn: AsyncConnection, version: int) -> int:
     """Insert the prepared row of every plain call into `version`; returns how many."""
     order = "call_id" if conn.dialect.name == "postgresql" else "rowid"  # SQLite wrote them in call-id order
-    select_ = f"SELECT :version, {_COLUMNS.split(', ', 1)[1]} FROM rebuild_rows WHERE plain ORDER BY {order}"
-    result = await conn.execute(text(f"INSERT INTO projection_calls ({_COLUMNS}) {select_}"), {"version": version})
+    select_ = f"SELECT :version, {_COPIED} FROM rebuild_rows WHERE plain ORDER BY {order}"
+    result = await conn.execute(text(f"INSERT INTO {calls.name} (version, {_COPIED}) {select_}"), {"version": version})
     return int(result.rowcount or 0)
 
 

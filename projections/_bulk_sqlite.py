@@ -24,25 +24,25 @@ from __future__ import annotations
 
 __all__ = ("SQLITE_STATEMENTS",)
 
-_TS = (
-    "(CASE WHEN {v} GLOB '????-??-??T??:??:??.??????Z' THEN replace(substr({v}, 1, 26), 'T', ' ') "
-    "WHEN {v} GLOB '????-??-??T??:??:??Z' THEN replace(substr({v}, 1, 19), 'T', ' ') || '.000000' END)"
-)
-# integer microseconds since the epoch of a stored timestamp (`YYYY-MM-DD HH:MM:SS.ffffff`)
-_US = "(unixepoch(substr({t}, 1, 19)) * 1000000 + substr({t}, 21, 6))"
-_J = "json_extract(payload, '$.{path}')"
-
 
 def _ts(v: str) -> str:
-    return _TS.format(v=v)
+    return (
+        f"(CASE WHEN {v} GLOB '????-??-??T??:??:??.??????Z' THEN replace(substr({v}, 1, 26), 'T', ' ') "
+        f"WHEN {v} GLOB '????-??-??T??:??:??Z' THEN replace(substr({v}, 1, 19), 'T', ' ') || '.000000' END)"
+    )
 
 
 def _us(t: str) -> str:
-    return _US.format(t=t)
+    """Integer microseconds since the epoch of a stored timestamp (`YYYY-MM-DD HH:MM:SS.ffffff`)."""
+    return f"(unixepoch(substr({t}, 1, 19)) * 1000000 + substr({t}, 21, 6))"
+
+
+def _j(path: str) -> str:
+    return f"json_extract(payload, '$.{path}')"
 
 
 def _raw_us(raw: str) -> str:
-    """Integer microseconds since the epoch of a timestamp in one of `_TS`'s shapes (NULL otherwise irrelevant)."""
+    """Integer microseconds since the epoch of a timestamp in one of `_ts`'s shapes (NULL otherwise irrelevant)."""
     return f"(unixepoch(substr({raw}, 1, 19)) * 1000000 + CASE WHEN substr({raw}, 20, 1) = '.' THEN substr({raw}, 21, 6) ELSE 0 END)"
 
 
@@ -60,10 +60,10 @@ FROM (
          CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_type = 'object' AND instr(tags, '\\') = 0 THEN tags END AS tags,
          {_ts("received_at")} AS started_at
   FROM (
-    SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.started' AS started,
-           {_J.format(path="run")} AS run, {_J.format(path="tags.ticker")} AS ticker, {_J.format(path="tags")} AS tags,
-           json_type(payload, '$.tags') AS tags_type, {_J.format(path="model")} AS model,
-           {_J.format(path="request_blob")} AS request_blob, {_J.format(path="received_at")} AS received_at
+    SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.started' AS started,
+           {_j("run")} AS run, {_j("tags.ticker")} AS ticker, {_j("tags")} AS tags,
+           json_type(payload, '$.tags') AS tags_type, {_j("model")} AS model,
+           {_j("request_blob")} AS request_blob, {_j("received_at")} AS received_at
     FROM ledger_events
     WHERE position <= :head AND +type IN ('call.started', 'call.imported', 'call.retagged')
     LIMIT -1
@@ -81,16 +81,16 @@ SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, pro
        {_raw_us("t_first")} AS first_us, {_raw_us("t_last")} AS last_us,
        {_raw_us("COALESCE(t_finished, t_last, t_headers, t_received)")} AS ended_us
 FROM (
-  SELECT {_J.format(path="call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
-         CASE WHEN type = 'call.finished' THEN {_J.format(path="status")}
-              ELSE {_J.format(path="client_status")} END AS http_status,
-         CASE WHEN type = 'call.failed' THEN {_J.format(path="reason")} END AS reason,
-         {_J.format(path="response_blob")} AS response_blob, {_J.format(path="usage_source")} AS usage_source,
-         {_J.format(path="usage.prompt_tokens")} AS prompt, {_J.format(path="usage.completion_tokens")} AS completion,
-         {_J.format(path="usage.cached_tokens")} AS cached,
-         {_J.format(path="timings.received")} AS t_received, {_J.format(path="timings.upstream_headers")} AS t_headers,
-         {_J.format(path="timings.first_token")} AS t_first, {_J.format(path="timings.last_token")} AS t_last,
-         {_J.format(path="timings.finished")} AS t_finished
+  SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
+         CASE WHEN type = 'call.finished' THEN {_j("status")}
+              ELSE {_j("client_status")} END AS http_status,
+         CASE WHEN type = 'call.failed' THEN {_j("reason")} END AS reason,
+         {_j("response_blob")} AS response_blob, {_j("usage_source")} AS usage_source,
+         {_j("usage.prompt_tokens")} AS prompt, {_j("usage.completion_tokens")} AS completion,
+         {_j("usage.cached_tokens")} AS cached,
+         {_j("timings.received")} AS t_received, {_j("timings.upstream_headers")} AS t_headers,
+         {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
+         {_j("timings.finished")} AS t_finished
   FROM ledger_events
   WHERE position <= :head AND +type IN ('call.finished', 'call.failed')
   LIMIT -1
