@@ -11,6 +11,10 @@ recording on) as processes, then measures, alternating direct and gateway in eac
     summed over all rounds (`_all_rounds`: /proc counts 10 ms ticks, one round is only ~10-15 of them)
   - gateway RSS before and after --rss-calls calls
   - the disk's fdatasync latency before and after the rounds, and the 1-minute load average
+  - the same latency, TTFT, chunks/s and CPU figures through `bench/relay.py`, a bare TCP relay in
+    its own process (`relay_*`): the floor that one more loopback hop through a Python process
+    costs on this machine, measured in the same rounds; `gateway_cpu_us_per_chunk_above_relay` is
+    what the gateway adds on top of it
 Prints a JSON summary (medians over rounds). Never used as a test.
 """
 
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +37,7 @@ import httpx
 from usage_ledger.processes import free_port
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
+RELAY = str(Path(__file__).with_name("relay.py"))
 MODEL = "emulator-moe"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -47,6 +53,18 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
             pass
         time.sleep(0.05)
     raise SystemExit(f"not healthy: {url}")
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(400):
+        if proc.poll() is not None:
+            raise SystemExit(f"process exited: {proc.args}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"not listening: {port}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -163,25 +181,36 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         stderr=open(tmp / "gateway.log", "wb"),
         env=env,
     )
+    relay_port = free_port()
+    relay = subprocess.Popen([sys.executable, RELAY, str(relay_port), str(emu_port)])
     direct, via = f"http://127.0.0.1:{emu_port}", f"http://127.0.0.1:{gw_port}"
+    bare = f"http://127.0.0.1:{relay_port}"
     try:
         wait_healthy(direct + "/health", emu)
         wait_healthy(via + "/_ledger/health", gw)
+        wait_listening(relay_port, relay)
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
             await latency(client, direct, 50)
             await latency(client, via, 50)
+            await latency(client, bare, 50)
             fsync_before = fsync_ms(tmp)
             rounds = []
             cpu_total, chunks_total = 0.0, 0
+            relay_cpu_total, relay_chunks_total = 0.0, 0
             for _ in range(args.rounds):
                 r: dict[str, float] = {}
                 d_lat, g_lat = await latency(client, direct, args.calls), await latency(client, via, args.calls)
                 r["added_latency_median_ms"] = (statistics.median(g_lat) - statistics.median(d_lat)) * 1000
                 r["added_latency_p99_ms"] = (pct(g_lat, 0.99) - pct(d_lat, 0.99)) * 1000
                 r["direct_latency_median_ms"] = statistics.median(d_lat) * 1000
+                r_lat = await latency(client, bare, args.calls)
+                r["relay_added_latency_median_ms"] = (statistics.median(r_lat) - statistics.median(d_lat)) * 1000
+                r["relay_added_latency_p99_ms"] = (pct(r_lat, 0.99) - pct(d_lat, 0.99)) * 1000
                 d_tt, g_tt = await ttft(client, direct, args.calls // 4), await ttft(client, via, args.calls // 4)
                 r["added_ttft_median_ms"] = (statistics.median(g_tt) - statistics.median(d_tt)) * 1000
+                r_tt = await ttft(client, bare, args.calls // 4)
+                r["relay_added_ttft_median_ms"] = (statistics.median(r_tt) - statistics.median(d_tt)) * 1000
                 d_cps, _ = await throughput(client, direct, args.streams, args.tokens)
                 cpu0 = cpu_seconds(gw.pid)
                 g_cps, chunks = await throughput(client, via, args.streams, args.tokens)
@@ -190,9 +219,16 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 r["gateway_chunks_per_s"] = g_cps
                 r["chunks_ratio"] = g_cps / d_cps
                 r["gateway_cpu_us_per_chunk"] = (cpu1 - cpu0) / chunks * 1e6
+                relay_cpu0 = cpu_seconds(relay.pid)
+                r_cps, relay_chunks = await throughput(client, bare, args.streams, args.tokens)
+                relay_cpu = cpu_seconds(relay.pid) - relay_cpu0
+                r["relay_chunks_ratio"] = r_cps / d_cps
+                r["relay_cpu_us_per_chunk"] = relay_cpu / relay_chunks * 1e6
                 rounds.append(r)
                 cpu_total += cpu1 - cpu0
                 chunks_total += chunks
+                relay_cpu_total += relay_cpu
+                relay_chunks_total += relay_chunks
             fsync_after = fsync_ms(tmp)
             rss_before = rss_mib(gw.pid)
             sem = asyncio.Semaphore(14)
@@ -204,12 +240,16 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             await asyncio.gather(*(one(i) for i in range(args.rss_calls)))
             rss_after = rss_mib(gw.pid)
     finally:
-        for proc in (gw, emu):
+        for proc in (relay, gw, emu):
             proc.terminate()
             proc.wait(timeout=60)
     summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
     summary.update(
         gateway_cpu_us_per_chunk_all_rounds=round(cpu_total / chunks_total * 1e6, 2),
+        relay_cpu_us_per_chunk_all_rounds=round(relay_cpu_total / relay_chunks_total * 1e6, 2),
+        gateway_cpu_us_per_chunk_above_relay=round(
+            (cpu_total / chunks_total - relay_cpu_total / relay_chunks_total) * 1e6, 2
+        ),
         rounds=args.rounds,
         calls=args.calls,
         streams=args.streams,
