@@ -4,8 +4,9 @@
 
 Starts `ledger emulate` and `ledger serve` (SQLite ledger in a temp dir, strict durability,
 recording on) as processes, then measures, alternating direct and gateway in each round:
-  - non-stream latency (max_tokens=1, sequential): median and p99; added = gateway - direct
-  - TTFT of a stream (sequential): median; added = gateway - direct
+  - non-stream latency (max_tokens=1, sequential, one call to each target in turn): median and p99;
+    added = gateway - direct
+  - TTFT of a stream (sequential, one to each target in turn): median; added = gateway - direct
   - streamed chunks/s with N concurrent streams of a fixed length; ratio gateway / direct
   - gateway CPU (utime+stime from /proc) per relayed chunk during the stream phase; per round (median) and
     summed over all rounds (`_all_rounds`: /proc counts 10 ms ticks, one round is only ~10-15 of them)
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -90,26 +92,33 @@ def chat(stream: bool, tokens: int, i: int) -> dict[str, object]:
     return body
 
 
-async def latency(client: httpx.AsyncClient, base: str, calls: int) -> list[float]:
-    out = []
+Target = tuple[httpx.AsyncClient, str]
+
+
+async def latency(targets: Sequence[Target], calls: int) -> list[list[float]]:
+    """Sequential non-stream calls, one to each target in turn (drift on the shared box hits all alike)."""
+    out: list[list[float]] = [[] for _ in targets]
     for i in range(calls):
-        t0 = time.perf_counter()
-        resp = await client.post(base + "/v1/chat/completions", json=chat(False, 1, i))
-        resp.read()
-        out.append(time.perf_counter() - t0)
+        for times, (client, base) in zip(out, targets, strict=True):
+            t0 = time.perf_counter()
+            resp = await client.post(base + "/v1/chat/completions", json=chat(False, 1, i))
+            resp.read()
+            times.append(time.perf_counter() - t0)
     return out
 
 
-async def ttft(client: httpx.AsyncClient, base: str, calls: int) -> list[float]:
-    out = []
+async def ttft(targets: Sequence[Target], calls: int) -> list[list[float]]:
+    """Time to the first content token of sequential streams, one to each target in turn."""
+    out: list[list[float]] = [[] for _ in targets]
     for i in range(calls):
-        t0 = time.perf_counter()
-        first = None
-        async with client.stream("POST", base + "/v1/chat/completions", json=chat(True, 4, i)) as resp:
-            async for line in resp.aiter_lines():
-                if first is None and '"content":"' in line and '"content":""' not in line:
-                    first = time.perf_counter() - t0
-        out.append(first or 0.0)
+        for times, (client, base) in zip(out, targets, strict=True):
+            t0 = time.perf_counter()
+            first = None
+            async with client.stream("POST", base + "/v1/chat/completions", json=chat(True, 4, i)) as resp:
+                async for line in resp.aiter_lines():
+                    if first is None and '"content":"' in line and '"content":""' not in line:
+                        first = time.perf_counter() - t0
+            times.append(first or 0.0)
     return out
 
 
@@ -190,26 +199,30 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         wait_healthy(via + "/_ledger/health", gw)
         wait_listening(relay_port, relay)
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-            await latency(client, direct, 50)
-            await latency(client, via, 50)
-            await latency(client, bare, 50)
+        # The relay closes a client connection only after the emulator closed its side (uvicorn's
+        # 5 s keep-alive timeout); its client drops idle connections sooner, so none is reused
+        # while that close is on its way.
+        relay_limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
+        async with (
+            httpx.AsyncClient(timeout=120, limits=limits) as client,
+            httpx.AsyncClient(timeout=120, limits=relay_limits) as relay_client,
+        ):
+            targets = [(client, direct), (client, via), (relay_client, bare)]
+            await latency(targets, 50)
             fsync_before = fsync_ms(tmp)
             rounds = []
             cpu_total, chunks_total = 0.0, 0
             relay_cpu_total, relay_chunks_total = 0.0, 0
             for _ in range(args.rounds):
                 r: dict[str, float] = {}
-                d_lat, g_lat = await latency(client, direct, args.calls), await latency(client, via, args.calls)
+                d_lat, g_lat, r_lat = await latency(targets, args.calls)
                 r["added_latency_median_ms"] = (statistics.median(g_lat) - statistics.median(d_lat)) * 1000
                 r["added_latency_p99_ms"] = (pct(g_lat, 0.99) - pct(d_lat, 0.99)) * 1000
                 r["direct_latency_median_ms"] = statistics.median(d_lat) * 1000
-                r_lat = await latency(client, bare, args.calls)
                 r["relay_added_latency_median_ms"] = (statistics.median(r_lat) - statistics.median(d_lat)) * 1000
                 r["relay_added_latency_p99_ms"] = (pct(r_lat, 0.99) - pct(d_lat, 0.99)) * 1000
-                d_tt, g_tt = await ttft(client, direct, args.calls // 4), await ttft(client, via, args.calls // 4)
+                d_tt, g_tt, r_tt = await ttft(targets, args.calls // 4)
                 r["added_ttft_median_ms"] = (statistics.median(g_tt) - statistics.median(d_tt)) * 1000
-                r_tt = await ttft(client, bare, args.calls // 4)
                 r["relay_added_ttft_median_ms"] = (statistics.median(r_tt) - statistics.median(d_tt)) * 1000
                 d_cps, _ = await throughput(client, direct, args.streams, args.tokens)
                 cpu0 = cpu_seconds(gw.pid)
@@ -220,7 +233,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 r["chunks_ratio"] = g_cps / d_cps
                 r["gateway_cpu_us_per_chunk"] = (cpu1 - cpu0) / chunks * 1e6
                 relay_cpu0 = cpu_seconds(relay.pid)
-                r_cps, relay_chunks = await throughput(client, bare, args.streams, args.tokens)
+                r_cps, relay_chunks = await throughput(relay_client, bare, args.streams, args.tokens)
                 relay_cpu = cpu_seconds(relay.pid) - relay_cpu0
                 r["relay_chunks_ratio"] = r_cps / d_cps
                 r["relay_cpu_us_per_chunk"] = relay_cpu / relay_chunks * 1e6
