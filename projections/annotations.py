@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import msgspec
 from sqlalchemy import delete, insert, select
@@ -41,6 +42,11 @@ class AnnotationsProjection:
     handles = frozenset({"run.annotated"})
 
     async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None:
+        await self.write(conn, await self.fold(conn, version, page))
+
+    async def fold(
+        self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]
+    ) -> list[dict[str, Any]]:
         rows = []
         for position, type_, payload in page:
             if type_ != "run.annotated":
@@ -56,6 +62,9 @@ class AnnotationsProjection:
                     "labels": _labels_encoder.encode(ev.labels).decode(),
                 }
             )
+        return rows
+
+    async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
         if rows:
             await conn.execute(insert(annotations_table), rows)
 

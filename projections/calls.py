@@ -224,6 +224,10 @@ class CallsProjection:
     handles = _HANDLED
 
     async def apply(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> None:
+        await self.write(conn, await self.fold(conn, version, page))
+
+    async def fold(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> list[Row]:
+        """The rows the page's events change, folded onto their stored state (reads, never writes)."""
         by_call: dict[str, list[tuple[int, Any]]] = {}
         for position, type_, payload in page:
             if type_ not in _HANDLED:
@@ -231,7 +235,7 @@ class CallsProjection:
             ev = decode_slim(type_, payload)
             by_call.setdefault(ev.call_id, []).append((position, ev))
         if not by_call:
-            return
+            return []
         continuing = [cid for cid, evs in by_call.items() if evs[0][1].__struct_config__.tag not in _FRESH]
         existing = await self._load(conn, version, continuing)
         rows: list[Row] = []
@@ -241,7 +245,7 @@ class CallsProjection:
                 row = fold_call(row, ev, version, position)
             if row is not None:
                 rows.append(row)
-        await self._upsert(conn, rows)
+        return rows
 
     async def prepare(self, conn: AsyncConnection, head: int) -> None:
         await prepare_calls(conn, head)
@@ -272,7 +276,8 @@ class CallsProjection:
                 found[r["call_id"]] = dict(r)
         return found
 
-    async def _upsert(self, conn: AsyncConnection, rows: list[Row]) -> None:
+    async def write(self, conn: AsyncConnection, rows: list[Row]) -> None:
+        """Insert or replace the folded rows."""
         if not rows:
             return
         if conn.dialect.name == "sqlite":

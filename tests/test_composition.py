@@ -10,7 +10,6 @@ import httpx
 import openai
 
 from tests.gateway.processes import emulator, gateway, upgrade
-from usage_ledger.followers import FOLLOWER_NICENESS
 
 
 def test_serve_keeps_reports_current_and_serves_them(backend_url: str, tmp_path: Path) -> None:
@@ -53,11 +52,7 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
-def _niceness(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
-
-
-def test_the_follower_process_runs_at_a_lower_priority_and_dies_with_a_killed_gateway(tmp_path: Path) -> None:
+def test_the_follower_process_dies_with_a_killed_gateway(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'l.db'}"
     upgrade(url)
     proxy = gateway(tmp_path, "http://127.0.0.1:9", url).start()
@@ -67,10 +62,6 @@ def test_the_follower_process_runs_at_a_lower_priority_and_dies_with_a_killed_ga
         while not (followers := _children(proxy.proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(followers) == 1
-        deadline = time.monotonic() + 10  # the child lowers its own priority first thing
-        while _niceness(followers[0]) == _niceness(proxy.proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _niceness(followers[0]) == min(19, _niceness(proxy.proc.pid) + FOLLOWER_NICENESS)
         proxy.kill()  # SIGKILL: no shutdown code runs in the gateway
         deadline = time.monotonic() + 10
         while Path(f"/proc/{followers[0]}").exists() and time.monotonic() < deadline:

@@ -23,20 +23,15 @@ __all__ = ("projections_follower_process",)
 
 log = structlog.get_logger("usage_ledger.followers")
 
-FOLLOWER_NICENESS = 10
-"""The follower is background work: when the cores are contended, the proxy's path runs first."""
-
-# The child asks Linux for SIGTERM when the gateway dies (even by SIGKILL), lowers its own CPU
-# priority, then runs `ledger ...`; done in the child itself because a preexec_fn is unsafe in a
-# threaded parent. argv[1] is the gateway's pid: if it died before prctl took effect, the child
-# exits at once.
+# The child asks Linux for SIGTERM when the gateway dies (even by SIGKILL), then runs `ledger ...`;
+# done in the child itself because a preexec_fn is unsafe in a threaded parent.
+# argv[1] is the gateway's pid: if it died before prctl took effect, the child exits at once.
 _DIE_WITH_PARENT_THEN_EXEC = (
     "import ctypes, os, signal, sys\n"
     "if sys.platform == 'linux':\n"
     "    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG\n"
     "if os.getppid() != int(sys.argv[1]):\n"
     "    sys.exit(0)\n"
-    f"os.nice({FOLLOWER_NICENESS})\n"
     "from usage_ledger.cli import main\n"
     "sys.exit(main(sys.argv[2:]))\n"
 )

@@ -11,6 +11,7 @@ import pytest
 import ledger.sqlite_append as sqlite_append
 from ledger.append import append_events
 from ledger.db import open_database
+from ledger.errors import DatabaseUnavailable
 from ledger.migrate import upgrade_database
 from ledger.read import iter_events
 from ledger.verify import verify_chain
@@ -73,4 +74,30 @@ async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_p
             sqlite_append._CACHE_KIB,
         )
     finally:
+        await database.dispose()
+
+
+async def test_an_append_waits_for_another_writer_and_gives_up_after_its_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "l.db"
+    database = open_database(f"sqlite:///{path}")
+    await upgrade_database(database)
+    other = sqlite3.connect(path, isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # e.g. the projection follower's transaction
+        append = asyncio.create_task(append_events(database, call_events(1)))
+        await asyncio.sleep(0.3)
+        assert not append.done()  # waiting for the lock, not failed with "database is locked"
+        other.execute("COMMIT")
+        assert (await append).appended == 2
+
+        monkeypatch.setattr(sqlite_append, "_LOCK_TIMEOUT_S", 0.2)
+        other.execute("BEGIN IMMEDIATE")
+        with pytest.raises(DatabaseUnavailable, match="locked"):
+            await append_events(database, call_events(2))
+        other.execute("ROLLBACK")
+        assert (await append_events(database, call_events(2))).appended == 2
+    finally:
+        other.close()
         await database.dispose()
