@@ -191,7 +191,7 @@ async def _apply_page(
 ) -> None:
     # The fold runs before the write lock is taken: on SQLite that lock is also the ledger's append
     # lock, and the gateway's commits waited behind this Python work (BEGIN IMMEDIATE waits of
-    # 10–100 ms seen in `bench/gateway.py`). Rows read here are still current under the lock if
+    # up to ≈ 80 ms seen in `bench/gateway.py`). Rows read here are still current under the lock if
     # the checkpoint is: every write to a version's rows advances its checkpoint in the same
     # transaction.
     async with database.engine.connect() as conn:
