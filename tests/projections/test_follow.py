@@ -5,8 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from sqlalchemy import insert, select
+
 from ledger.db import Database
-from projections.engine import follow_projections, projection_status
+from ledger.events import CallRetagged, new_event, utc_now
+from ledger.schema import checkpoints
+from projections.engine import PROJECTIONS, catch_up, follow_projections, projection_status
+from projections.tables import calls as calls_table
 from tests.projections.helpers import append, finished, started
 
 
@@ -26,3 +31,33 @@ async def test_follow_applies_new_events(database: Database) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_runners_at_once_fold_outside_the_lock_and_agree_with_one(database: Database) -> None:
+    """Runners with different page sizes catch up one version at once, so pages overlap and most
+    calls start in one page and finish or get retagged in another. Each folds a page before taking
+    the write lock; one that finds the checkpoint moved meanwhile folds again from there. A retag
+    counts (`retags`), so a page applied twice would show. The rows equal a single runner's."""
+    events = []
+    for i in range(12):
+        c, t = f"c{i}", float(i)
+        events += [started(c, t, run="r", ticker=f"T{i % 3}"), finished(c, t, t + 5, completion=10 + i)]
+        events.append(new_event(CallRetagged(call_id=c, reason="fix", tags={"n": str(i)}), stream=f"call-{c}"))
+    await append(database, *events)
+    async with database.engine.begin() as conn:  # two fresh versions of `calls`, both from position 0
+        for version in (7, 8):
+            await conn.execute(
+                insert(checkpoints).values(projection="calls", version=version, position=0, updated_at=utc_now())
+            )
+    positions = await asyncio.gather(*(catch_up(database, "calls", 7, page_size=size) for size in (2, 3, 5, 7)))
+    assert positions == [len(events)] * 4
+    await catch_up(database, "calls", 8)
+    projection = PROJECTIONS["calls"]
+    async with database.engine.connect() as conn:
+        assert await projection.digest(conn, 7) == await projection.digest(conn, 8)
+        rows = (
+            await conn.execute(
+                select(calls_table.c.output_tokens, calls_table.c.retags).where(calls_table.c.version == 7)
+            )
+        ).all()
+    assert sorted(tuple(r) for r in rows) == [(10 + i, 1) for i in range(12)]
