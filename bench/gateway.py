@@ -4,9 +4,9 @@
 
 Starts `ledger emulate` and `ledger serve` (SQLite ledger in a temp dir, strict durability,
 recording on) as processes, then measures, alternating direct and gateway in each round:
-  - non-stream latency (max_tokens=1, sequential, one call to each target in turn): median and p99;
-    added = gateway - direct
-  - TTFT of a stream (sequential, one to each target in turn): median; added = gateway - direct
+  - non-stream latency (max_tokens=1, sequential; each turn one call to each target, in a shuffled
+    order): median and p99; added = gateway - direct
+  - TTFT of a stream (sequential, turns as above): median; added = gateway - direct
   - streamed chunks/s with N concurrent streams of a fixed length; ratio gateway / direct
   - gateway CPU (utime+stime from /proc) per relayed chunk during the stream phase; per round (median) and
     summed over all rounds (`_all_rounds`: /proc counts 10 ms ticks, one round is only ~10-15 of them)
@@ -97,16 +97,16 @@ Target = tuple[httpx.AsyncClient, str]
 
 
 def in_shuffled_turns(out: list[list[float]], targets: Sequence[Target], turn: int) -> list[tuple[list[float], Target]]:
-    """Each target once per turn, in a different order each turn: a call's latency depends on what ran
-    just before it (the emulator's step timing, the gateway's commit and projection work), and a
-    fixed order gave the call after the gateway's a steady 0.5-1 ms of its own."""
+    """Each target once per turn, in a different order each turn: a call's latency can depend on what
+    ran just before it (the emulator's step timing, the gateway's commit and projection work), and
+    a fixed order would let that favour one path."""
     pairs = list(zip(out, targets, strict=True))
     random.Random(turn).shuffle(pairs)
     return pairs
 
 
 async def latency(targets: Sequence[Target], calls: int) -> list[list[float]]:
-    """Sequential non-stream calls, one to each target in turn (drift on the shared box hits all alike)."""
+    """Sequential non-stream calls, one to each target per turn (drift on the shared box hits all alike)."""
     out: list[list[float]] = [[] for _ in targets]
     for i in range(calls):
         for times, (client, base) in in_shuffled_turns(out, targets, i):
@@ -118,7 +118,7 @@ async def latency(targets: Sequence[Target], calls: int) -> list[list[float]]:
 
 
 async def ttft(targets: Sequence[Target], calls: int) -> list[list[float]]:
-    """Time to the first content token of sequential streams, one to each target in turn."""
+    """Time to the first content token of sequential streams, one to each target per turn."""
     out: list[list[float]] = [[] for _ in targets]
     for i in range(calls):
         for times, (client, base) in in_shuffled_turns(out, targets, i):
