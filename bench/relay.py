@@ -1,4 +1,4 @@
-"""A bare TCP relay: the floor any Python proxy on this machine stands on.
+"""A bare TCP relay: the CPU floor any Python proxy on this machine stands on.
 
     .venv/bin/python bench/relay.py LISTEN_PORT UPSTREAM_PORT
 
