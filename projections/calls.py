@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -243,8 +244,8 @@ class CallsProjection:
                 rows.append(row)
         await self._upsert(conn, rows)
 
-    async def prepare(self, conn: AsyncConnection, head: int) -> None:
-        await prepare_calls(conn, head)
+    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
+        await prepare_calls(conn, head, workdir)
 
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
         """Fill an empty `version` with every call event up to `head`: plain calls in SQL, the rest folded here."""
@@ -260,7 +261,7 @@ class CallsProjection:
                 page.extend((r[0], r[1], r[2]) for r in result)
             page.sort()
             await self.apply(conn, version, page)
-        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection, temp tables and all
+        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection and the files
             await drop_work_tables(conn)
 
     async def _load(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, Row]:

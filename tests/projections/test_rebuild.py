@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import timedelta, timezone
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -214,7 +215,21 @@ async def test_bulk_load_digest_equals_incremental(
             assert checkpoint.scalar_one() == head
 
 
-async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Database) -> None:
+async def _plain_calls_inserted(database: Database, head: int, workdir: Path) -> int:
+    """How many calls the SQL part of the bulk load takes (inserted into version 7, rolled back)."""
+    conn = await database.engine.connect()
+    try:
+        await prepare_calls(conn, head, workdir)
+        async with conn.begin():
+            inserted = await insert_plain_calls(conn, 7)
+            await conn.rollback()
+        return inserted
+    finally:
+        await conn.invalidate()  # with the work file it attached on SQLite
+        await conn.close()
+
+
+async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Database, tmp_path: Path) -> None:
     await append(
         database,
         started("a", 0, run="r", ticker="T"),
@@ -229,10 +244,7 @@ async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Da
     async with database.engine.connect() as conn:
         head = await head_position(conn)
     await append(database, started("late", 9), finished("a", 0, 11))  # after the captured head
-    async with database.engine.connect() as conn, conn.begin():
-        await prepare_calls(conn, head)
-        assert await insert_plain_calls(conn, 7) == 3  # a, b, c
-        await conn.rollback()
+    assert await _plain_calls_inserted(database, head, tmp_path) == 3  # a, b, c
     await load_version(database, "calls", 8, head)
     await catch_up(database, "calls", 9)
     calls_projection = PROJECTIONS["calls"]
@@ -278,7 +290,7 @@ async def test_formula_promotion_and_recompute(database: Database) -> None:
     assert row.formula == "per_call_mean" and row.throughput_tps == 7.5
 
 
-async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
+async def test_bulk_load_folds_every_unusual_call(database: Database, tmp_path: Path) -> None:
     """Only the plain call goes through SQL; imports, retags, orphan, early, repeated events reach the fold."""
     imported = CallImported(
         call_id="imp", source="s", line=1, started_at=at(0), finished_at=at(5), input_tokens=10, output_tokens=5
@@ -304,10 +316,7 @@ async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
     )
     async with database.engine.connect() as conn:
         head = await head_position(conn)
-    async with database.engine.connect() as conn, conn.begin():
-        await prepare_calls(conn, head)
-        assert await insert_plain_calls(conn, 40) == 1
-        await conn.rollback()
+    assert await _plain_calls_inserted(database, head, tmp_path) == 1
     await catch_up(database, "calls", 41)
     await load_version(database, "calls", 42, head)
     calls_projection = PROJECTIONS["calls"]
