@@ -30,7 +30,7 @@ from ledger.events import (
 from ledger.read import head_position, iter_events
 from ledger.schema import checkpoints
 from projections._bulk import insert_plain_calls, prepare_calls
-from projections.calls import rows_digest
+from projections.calls import _sqlite_digest, rows_digest
 from projections.engine import (
     PROJECTIONS,
     catch_up,
@@ -329,7 +329,7 @@ async def test_bulk_load_folds_every_unusual_call(database: Database, tmp_path: 
 @pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)  # PostgreSQL's digest is `rows_digest` itself
 async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> None:
     """The SQLite digest (datetimes rewritten in SQL) is the digest of the rows as SQLAlchemy types them,
-    also for stored datetimes in another shape and text with a NUL in it."""
+    also for stored datetimes in another shape and text with a NUL in it, also split over two processes."""
     await append(
         database,
         started("a", 0, run="r", ticker="T"),
@@ -348,3 +348,5 @@ async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> Non
         rows = (await conn.execute(select(calls.c.call_id, calls.c.started_at).where(calls.c.version == version))).all()
         assert len(rows) == 3
         assert await PROJECTIONS["calls"].digest(conn, version) == await rows_digest(conn, version)
+        # the same with the upper half ('b', 'c') encoded by the child process
+        assert await _sqlite_digest(conn, version, child_from=1) == await rows_digest(conn, version)
