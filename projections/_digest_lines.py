@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import msgspec
 
@@ -45,7 +46,7 @@ def _odd_times_parsed(row: Sequence[Any], time_indexes: Sequence[int]) -> tuple[
 
 
 def connect_read_only(ledger: str) -> sqlite3.Connection:
-    uri = f"file:{Path(ledger).resolve().as_posix()}?mode=ro"
+    uri = f"file:{quote(Path(ledger).resolve().as_posix())}?mode=ro"
     conn = sqlite3.connect(uri, uri=True, isolation_level=None)
     conn.execute("PRAGMA busy_timeout = 30000")
     return conn

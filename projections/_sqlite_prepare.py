@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from projections._bulk_sqlite import ENDS_STATEMENTS, ROWS_STATEMENTS, STARTS_STATEMENTS
 
@@ -47,7 +48,7 @@ def _driver() -> Any:
 
 
 def _connect(driver: Any, path: str, *, read_only: bool) -> Any:
-    uri = f"file:{Path(path).resolve().as_posix()}{'?mode=ro' if read_only else ''}"
+    uri = f"file:{quote(Path(path).resolve().as_posix())}{'?mode=ro' if read_only else ''}"
     conn = driver.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
     conn.execute(f"PRAGMA cache_size = {_CACHE}")
     conn.execute(f"PRAGMA temp.cache_size = {_CACHE}")

@@ -24,7 +24,8 @@ async def test_a_failing_child_is_reported_with_its_reason(tmp_path: Path) -> No
 
 
 def test_prepare_writes_only_its_work_files(tmp_path: Path) -> None:
-    ledger = tmp_path / "ledger.db"
+    (tmp_path / "a #?%b").mkdir()
+    ledger = tmp_path / "a #?%b" / "ledger.db"  # read through a file: URI, so quoted
     with sqlite3.connect(ledger) as conn:  # just the columns the statements read
         conn.execute("CREATE TABLE ledger_events (position INTEGER PRIMARY KEY, type TEXT, payload TEXT)")
     before = ledger.read_bytes()
