@@ -45,6 +45,7 @@ _tags_decoder = msgspec.json.Decoder(dict[str, str])
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
 FAILED_STATUSES = ("error", "failed")
+_SECURE_DELETE = ("OFF", "ON", "FAST")  # PRAGMA secure_delete's values, by what it reads back
 _SQLITE_UPSERT = (
     f"INSERT INTO {calls.name} ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))}) "
     f"ON CONFLICT (version, call_id) DO UPDATE SET "
@@ -300,7 +301,19 @@ class CallsProjection:
         return await rows_digest(conn, version)
 
     async def drop(self, conn: AsyncConnection, version: int) -> None:
-        await conn.execute(delete(calls).where(calls.c.version == version))
+        if conn.dialect.name != "sqlite":
+            await conn.execute(delete(calls).where(calls.c.version == version))
+            return
+        # Debian's SQLite is built with SECURE_DELETE on: every deleted row zeroed, every page of
+        # the version written to the WAL and checkpointed back. FAST zeroes what the delete
+        # rewrites anyway and no more (1M rows: 360 -> 211 MB of WAL). Rows of a read model hold
+        # nothing the ledger does not keep; restored afterwards, the connection goes back to a pool.
+        previous = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await conn.exec_driver_sql("PRAGMA secure_delete = FAST")
+        try:
+            await conn.execute(delete(calls).where(calls.c.version == version))
+        finally:
+            await conn.exec_driver_sql(f"PRAGMA secure_delete = {_SECURE_DELETE[int(previous)]}")
 
 
 async def _sqlite_digest(conn: AsyncConnection, version: int, child_from: int = CHILD_FROM) -> str:

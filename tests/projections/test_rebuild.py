@@ -350,3 +350,14 @@ async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> Non
         assert await PROJECTIONS["calls"].digest(conn, version) == await rows_digest(conn, version)
         # the same with the upper half ('b', 'c') encoded by the child process
         assert await _sqlite_digest(conn, version, child_from=1) == await rows_digest(conn, version)
+
+
+@pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)
+async def test_dropping_a_version_leaves_the_connection_as_it_was(database: Database) -> None:
+    await append(database, started("a", 0), finished("a", 0, 1))
+    await catch_up(database, "calls")
+    async with database.engine.begin() as conn:
+        before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await PROJECTIONS["calls"].drop(conn, 1)
+        assert (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one() == before
+        assert (await conn.execute(select(calls.c.call_id).where(calls.c.version == 1))).first() is None
