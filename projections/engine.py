@@ -198,9 +198,9 @@ async def _apply_page(
         await conn.close()
 
 
-# The bulk load's own SQLite connection: a bounded page cache for the ledger and for the work file it
-# attaches (memory stays flat however long the ledger). Connection-local: the ledger's durability
-# settings (journal, synchronous) are untouched.
+# The bulk load's own SQLite connection: a bounded page cache for the ledger and its temp store (memory
+# stays flat however long the ledger; the work file it attaches is read once, in order, through
+# SQLite's default small cache). Connection-local: the ledger's durability settings are untouched.
 _SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
 
 
