@@ -1,12 +1,14 @@
 """Loading the calls read model in bulk, in SQL: a full rebuild without a Python pass over every event.
 
     plain calls (`call.started`, then at most one `call.finished` / `call.failed`, nothing else)
-        ──json fields, typed, derived──► temp `rebuild_rows` ──INSERT … SELECT──► rows of the new version
+        ──json fields, typed, derived──► `rebuild_rows` ──INSERT … SELECT──► rows of the new version
     every other call (imports, retags, repeats, out of order, unusual payloads) ──► the Python fold
 
 Both backends (`_bulk_sqlite`, `_bulk_pg`): one scan per event kind parses each payload once into
-temp tables (starts with the few imports and retags; ends), which are then paired by call id —
-through indexes on SQLite, by hash joins on PostgreSQL — instead of grouping every event.
+work tables (starts with the few imports and retags; ends), which are then paired by call id —
+through indexes on SQLite, by hash joins on PostgreSQL — instead of grouping every event. On
+PostgreSQL they are the session's temp tables; on SQLite files written by a child process with a
+current SQLite (`_sqlite_prepare`), attached to the loading connection.
 
 Everything up to `rebuild_rows` only reads the ledger (`prepare_calls`), so the writer transaction
 holds the write lock just for the copy and the few folded calls.
@@ -20,19 +22,27 @@ INSERT and folded in Python afterwards; the digest property test holds the two p
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.errors import LedgerError
 from projections._bulk_pg import PG_STATEMENTS
-from projections._bulk_sqlite import SQLITE_STATEMENTS
+from projections._sqlite_prepare import ROWS_FILE
 from projections.tables import calls
 
 __all__ = ("drop_work_tables", "insert_plain_calls", "prepare_calls", "remaining_positions")
 
 # every column of the view but `version`: `rebuild_rows` has one of each name
 _COPIED = ", ".join(c.name for c in calls.columns if c.name != "version")
+
+# where this package was imported from: the child process imports the same code
+_ROOT = str(Path(__file__).resolve().parent.parent)
 
 _WORK_TABLES = (
     "rebuild_rows",
@@ -47,14 +57,51 @@ async def drop_work_tables(conn: AsyncConnection) -> None:
         await conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
 
 
-async def prepare_calls(conn: AsyncConnection, head: int) -> None:
-    """Compute, in the session's temp tables, the row of every plain call up to `head` and the rest's positions.
+async def prepare_calls(conn: AsyncConnection, head: int, workdir: Path) -> None:
+    """Compute the row of every plain call up to `head` and the rest's positions, where `conn` reads them.
 
     Reads the ledger only (no write lock on SQLite); `insert_plain_calls` then copies the rows.
+    PostgreSQL: the session's temp tables. SQLite: a child process writes them to a file in
+    `workdir` (`_sqlite_prepare`), which `conn` attaches as `rebuild`; call it outside a
+    transaction, and discard `conn` (or detach) before `workdir` goes.
     """
-    await drop_work_tables(conn)
-    for statement in PG_STATEMENTS if conn.dialect.name == "postgresql" else SQLITE_STATEMENTS:
-        await conn.execute(text(statement), {"head": head} if ":head" in statement else {})
+    if conn.dialect.name == "postgresql":
+        async with conn.begin():
+            await drop_work_tables(conn)
+            for statement in PG_STATEMENTS:
+                await conn.execute(text(statement), {"head": head} if ":head" in statement else {})
+        return
+    ledger = conn.engine.url.database
+    assert ledger is not None
+    await _run_sqlite_prepare(ledger, workdir, head)
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    cursor = await driver.execute("ATTACH DATABASE ? AS rebuild", (str(workdir / ROWS_FILE),))
+    await cursor.close()
+
+
+async def _run_sqlite_prepare(ledger: str, workdir: Path, head: int) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "projections._sqlite_prepare",
+        ledger,
+        str(workdir),
+        str(head),
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        _, err = await child.communicate()
+    finally:
+        if child.returncode is None:  # cancelled: the child must not outlive the load
+            child.kill()
+            await child.wait()
+    if child.returncode != 0:
+        reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
+        raise LedgerError(f"rebuild: reading {ledger} for the bulk load failed: {reason[0]}")
 
 
 async def insert_plain_calls(conn: AsyncConnection, version: int) -> int:

@@ -1,15 +1,17 @@
 """The SQLite statements of the bulk calls load: every payload parsed once, calls paired through an index.
 
-    ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json, typed──► temp rebuild_starts
-        (one scan each,   └─ call.finished / call.failed ──json, typed──► temp rebuild_ends
+    ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json, typed──► work rebuild_starts
+        (one scan each,   └─ call.finished / call.failed ──json, typed──► work rebuild_ends
          position order)
-    starts in call-id order ⟕ their end (index on call id) ──► temp rebuild_rows (+ `plain` flag)
-    every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
+    starts in call-id order ⟕ their end (index on call id) ──► rebuild_rows (+ `plain` flag)
+    every call that is not plain ──► rebuild_rest (positions, for the Python fold)
+
+`_sqlite_prepare` runs them in a child process, each scan into a work file of its own.
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
-decides). Each statement reads a JSON field once (every `json_extract` walks the payload's parse
-again and copies the value out) and computes each derived value once, in layers fenced with
+decides). Each statement reads a JSON field once (every `->>` looks the path up in the payload's
+parse again and copies the value out; on SQLite ≥ 3.45 `->>` is cheaper than `json_extract`) and computes each derived value once, in layers fenced with
 `LIMIT -1` so the planner does not inline them. Sorting happens once, on the call id alone (two
 small indexes), instead of grouping every event with its payload.
 
@@ -22,7 +24,7 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 
 from __future__ import annotations
 
-__all__ = ("SQLITE_STATEMENTS",)
+__all__ = ("ENDS_STATEMENTS", "ROWS_STATEMENTS", "STARTS_STATEMENTS")
 
 
 def _ts(v: str) -> str:
@@ -38,7 +40,7 @@ def _us(t: str) -> str:
 
 
 def _j(path: str) -> str:
-    return f"json_extract(payload, '$.{path}')"
+    return f"payload ->> '$.{path}'"
 
 
 def _raw_us(raw: str) -> str:
@@ -53,7 +55,7 @@ def _shape(raw: str) -> str:
 
 # Starts, and the few imports and retags (`started` = 0): any of those makes its call not plain.
 _STARTS = f"""
-CREATE TEMP TABLE rebuild_starts AS
+CREATE TABLE work.rebuild_starts AS
 SELECT cid, pos, started, run, ticker, model, request_blob, tags, started_at, {_us("started_at")} AS started_us
 FROM (
   SELECT cid, pos, started, run, ticker, model, request_blob,
@@ -72,7 +74,7 @@ FROM (
 """
 
 _ENDS = f"""
-CREATE TEMP TABLE rebuild_ends AS
+CREATE TABLE work.rebuild_ends AS
 SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
        {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
        COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
@@ -99,7 +101,7 @@ FROM (
 
 # One row per start (two if it has two ends), in call-id order; only `plain` rows are copied.
 _ROWS = """
-CREATE TEMP TABLE rebuild_rows AS
+CREATE TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
        usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
        output_tokens, cached_tokens,
@@ -129,7 +131,7 @@ FROM (
 
 # Every call that is not plain (a call id seen anywhere but not copied) with the positions of its events.
 _REST = """
-CREATE TEMP TABLE rebuild_rest AS
+CREATE TABLE rebuild_rest AS
 SELECT row_number() OVER () AS k,
        (SELECT group_concat(pos) FROM (
           SELECT pos FROM rebuild_starts x WHERE x.cid IS ids.cid
@@ -142,12 +144,8 @@ FROM (
 ) ids
 """
 
-SQLITE_STATEMENTS: tuple[str, ...] = (
-    _STARTS,
-    _ENDS,
-    "CREATE INDEX temp.rebuild_starts_cid ON rebuild_starts (cid)",
-    "CREATE INDEX temp.rebuild_ends_cid ON rebuild_ends (cid)",
-    _ROWS,
-    _REST,
-    "CREATE INDEX temp.rebuild_rest_k ON rebuild_rest (k)",
-)
+# Each scan on its own connection, into its own work file attached as `work` (the ledger is `main`).
+STARTS_STATEMENTS: tuple[str, ...] = (_STARTS, "CREATE INDEX work.rebuild_starts_cid ON rebuild_starts (cid)")
+ENDS_STATEMENTS: tuple[str, ...] = (_ENDS, "CREATE INDEX work.rebuild_ends_cid ON rebuild_ends (cid)")
+# On a connection whose `main` is the rows file, with both scans' files attached.
+ROWS_STATEMENTS: tuple[str, ...] = (_ROWS, _REST, "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -68,7 +69,7 @@ class AnnotationsProjection:
         if rows:
             await conn.execute(insert(annotations_table), rows)
 
-    async def prepare(self, conn: AsyncConnection, head: int) -> None:
+    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
         return None
 
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None:

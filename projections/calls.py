@@ -14,9 +14,11 @@ rebuild in one pass and incremental application in any split produce identical r
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -27,7 +29,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ledger.events import CallImported, CallRetagged
 from ledger.schema import UTCDateTime, events
 from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
+from projections._digest_lines import encode_page
 from projections._slim import SFailed, SFinished, SStarted, decode_slim
+from projections._sqlite_digest import CHILD_FROM, split_digest
 from projections.tables import calls
 
 __all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call", "rows_digest")
@@ -41,6 +45,7 @@ _tags_decoder = msgspec.json.Decoder(dict[str, str])
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
 FAILED_STATUSES = ("error", "failed")
+_SECURE_DELETE = ("OFF", "ON", "FAST")  # PRAGMA secure_delete's values, by what it reads back
 _SQLITE_UPSERT = (
     f"INSERT INTO {calls.name} ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))}) "
     f"ON CONFLICT (version, call_id) DO UPDATE SET "
@@ -51,13 +56,12 @@ _SQLITE_UPSERT = (
 _DIGEST_PAGE = 20_000
 _DIGEST_COLUMNS = [c for c in calls.columns if c.name != "version"]
 _TIME_INDEXES = tuple(i for i, c in enumerate(_DIGEST_COLUMNS) if isinstance(c.type, UTCDateTime))
-_ODD = "\x00"  # prefixed (in SQL) to a stored datetime not in SQLAlchemy's shape; escaped by msgspec as \u0000
 
 
 def _rfc3339_sql(name: str) -> str:
     """SQL: a stored SQLite datetime (`YYYY-MM-DD HH:MM:SS.ffffff`, naive UTC) as msgspec encodes it (RFC 3339).
 
-    In that shape the only `.000000` is the fraction; any other stored text is marked with `_ODD`.
+    In that shape the only `.000000` is the fraction; any other stored text is marked with `ODD`.
     """
     return (
         f"CASE WHEN {name} GLOB '????-??-?? ??:??:??.??????' "
@@ -65,21 +69,13 @@ def _rfc3339_sql(name: str) -> str:
     )
 
 
-_SQLITE_DIGEST = (
+# `{op}`: a bound on call_id for a half of the rows (`_sqlite_digest`); `1` for all of them
+_SQLITE_DIGEST_RANGE = (
     "SELECT "
     + ", ".join(_rfc3339_sql(c.name) if i in _TIME_INDEXES else c.name for i, c in enumerate(_DIGEST_COLUMNS))
-    + f" FROM {calls.name} WHERE version = ? ORDER BY call_id"
+    + f" FROM {calls.name} WHERE version = ? AND call_id {{op}} ? ORDER BY call_id"
 )
-
-
-def _odd_times_parsed(row: Sequence[Any]) -> tuple[Any, ...]:
-    """A digest row whose stored datetimes SQL could not rewrite: parse those as SQLAlchemy would."""
-    out = list(row)
-    for i in _TIME_INDEXES:
-        value = out[i]
-        if isinstance(value, str) and value.startswith(_ODD):
-            out[i] = datetime.fromisoformat(value[1:]).replace(tzinfo=UTC)
-    return tuple(out)
+_SQLITE_DIGEST = _SQLITE_DIGEST_RANGE.replace("call_id {op} ?", "1")
 
 
 def _sqlite_value(value: Any) -> Any:
@@ -247,8 +243,8 @@ class CallsProjection:
                 rows.append(row)
         return rows
 
-    async def prepare(self, conn: AsyncConnection, head: int) -> None:
-        await prepare_calls(conn, head)
+    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
+        await prepare_calls(conn, head, workdir)
 
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
         """Fill an empty `version` with every call event up to `head`: plain calls in SQL, the rest folded here."""
@@ -264,7 +260,7 @@ class CallsProjection:
                 page.extend((r[0], r[1], r[2]) for r in result)
             page.sort()
             await self.apply(conn, version, page)
-        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection, temp tables and all
+        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection and the files
             await drop_work_tables(conn)
 
     async def _load(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, Row]:
@@ -301,27 +297,45 @@ class CallsProjection:
         Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC), one per line.
         On SQLite the stored datetime text is rewritten to that form in SQL and the rows are read
         as plain tuples from the driver and encoded a page at a time, which is what decoding each
-        value to a `datetime` and encoding that would give, without the per-value round trip.
+        value to a `datetime` and encoding that would give, without the per-value round trip; a
+        big version's upper half is encoded by a child process (`_sqlite_digest`), reading the
+        committed rows.
         """
         if conn.dialect.name == "sqlite":
             return await _sqlite_digest(conn, version)
         return await rows_digest(conn, version)
 
     async def drop(self, conn: AsyncConnection, version: int) -> None:
-        await conn.execute(delete(calls).where(calls.c.version == version))
+        if conn.dialect.name != "sqlite":
+            await conn.execute(delete(calls).where(calls.c.version == version))
+            return
+        # Debian's SQLite is built with SECURE_DELETE on: every deleted row zeroed, every page of
+        # the version written to the WAL and checkpointed back. FAST zeroes what the delete
+        # rewrites anyway and no more (1M rows: 360 -> 211 MB of WAL). Rows of a read model hold
+        # nothing the ledger does not keep; restored afterwards, the connection goes back to a pool.
+        previous = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await conn.exec_driver_sql("PRAGMA secure_delete = FAST")
+        try:
+            await conn.execute(delete(calls).where(calls.c.version == version))
+        finally:
+            await conn.exec_driver_sql(f"PRAGMA secure_delete = {_SECURE_DELETE[int(previous)]}")
 
 
-async def _sqlite_digest(conn: AsyncConnection, version: int) -> str:
+async def _sqlite_digest(conn: AsyncConnection, version: int, child_from: int = CHILD_FROM) -> str:
+    ledger = conn.engine.url.database
+    assert ledger is not None
+    split = await asyncio.to_thread(
+        split_digest, ledger, _SQLITE_DIGEST_RANGE, version, _TIME_INDEXES, child_from=child_from
+    )
+    if split is not None:
+        return split
     digest = hashlib.sha256()
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None
     cursor = await driver.execute(_SQLITE_DIGEST, (version,))
     try:
         while rows := await cursor.fetchmany(_DIGEST_PAGE):
-            lines = _digest_encoder.encode_lines(rows)
-            if b"\\u0000" in lines:  # a datetime SQL left alone (or a NUL in some text: harmless)
-                lines = _digest_encoder.encode_lines([_odd_times_parsed(r) for r in rows])
-            digest.update(lines)
+            digest.update(encode_page(rows, _TIME_INDEXES))
     finally:
         await cursor.close()
     return digest.hexdigest()

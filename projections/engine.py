@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import msgspec
@@ -65,7 +67,7 @@ class Projection(Protocol):
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]
     ) -> list[dict[str, Any]]: ...
     async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None: ...
-    async def prepare(self, conn: AsyncConnection, head: int) -> None: ...
+    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None: ...
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None: ...
     async def digest(self, conn: AsyncConnection, version: int) -> str: ...
     async def drop(self, conn: AsyncConnection, version: int) -> None: ...
@@ -207,40 +209,40 @@ async def _apply_page(
         await conn.close()
 
 
-# The bulk load's own SQLite connection: a bounded page cache for the ledger and for its temp tables
-# (the work tables spill to a temp file beyond it, so memory stays flat however long the ledger).
-# Connection-local: the ledger's durability settings (journal, synchronous) are untouched.
+# The bulk load's own SQLite connection: a bounded page cache for the ledger and its temp store (memory
+# stays flat however long the ledger; the work file it attaches is read once, in order, through
+# SQLite's default small cache). Connection-local: the ledger's durability settings are untouched.
 _SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
 
 
 async def load_version(database: Database, name: str, version: int, head: int) -> None:
     """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
 
-    The projection first reads what it needs (`prepare`, no write lock), then writes every row and
+    The projection first reads what it needs (`prepare`, outside any transaction, no write lock;
+    work files in a scratch directory that lives until the load ends), then writes every row and
     the checkpoint in one writer transaction. Raises `_Moved` if the version is not empty. On SQLite
-    the connection is discarded afterwards: its temp tables go with it (one file deleted, instead
-    of freeing their pages one by one) and so do its pragmas.
+    the connection is discarded afterwards, with what it attached and its pragmas.
     """
     projection = _projection(name)
-    conn = await database.engine.connect()
-    sqlite_ = conn.dialect.name == "sqlite"
-    try:
-        if sqlite_:
-            for pragma in _SQLITE_LOAD_PRAGMAS:
-                await conn.exec_driver_sql(pragma)
-            await conn.commit()
-        async with conn.begin():
-            await projection.prepare(conn, head)
-        await conn.execution_options(**{WRITER_OPTION: True})
-        async with conn.begin():
-            if await _checkpoint(conn, name, version, lock=True) != 0:
-                raise _Moved
-            await projection.load(conn, version, head)
-            await _write_checkpoint(conn, name, version, head)
-    finally:
-        if sqlite_:
-            await conn.invalidate()
-        await conn.close()
+    with tempfile.TemporaryDirectory(prefix="ledger-rebuild-") as workdir:
+        conn = await database.engine.connect()
+        sqlite_ = conn.dialect.name == "sqlite"
+        try:
+            if sqlite_:
+                for pragma in _SQLITE_LOAD_PRAGMAS:
+                    await conn.exec_driver_sql(pragma)
+                await conn.commit()
+            await projection.prepare(conn, head, Path(workdir))
+            await conn.execution_options(**{WRITER_OPTION: True})
+            async with conn.begin():
+                if await _checkpoint(conn, name, version, lock=True) != 0:
+                    raise _Moved
+                await projection.load(conn, version, head)
+                await _write_checkpoint(conn, name, version, head)
+        finally:
+            if sqlite_:
+                await conn.invalidate()
+            await conn.close()
 
 
 async def catch_up_all(database: Database) -> dict[str, int]:

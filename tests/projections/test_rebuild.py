@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import timedelta, timezone
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,7 +30,7 @@ from ledger.events import (
 from ledger.read import head_position, iter_events
 from ledger.schema import checkpoints
 from projections._bulk import insert_plain_calls, prepare_calls
-from projections.calls import rows_digest
+from projections.calls import _sqlite_digest, rows_digest
 from projections.engine import (
     PROJECTIONS,
     catch_up,
@@ -214,7 +215,21 @@ async def test_bulk_load_digest_equals_incremental(
             assert checkpoint.scalar_one() == head
 
 
-async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Database) -> None:
+async def _plain_calls_inserted(database: Database, head: int, workdir: Path) -> int:
+    """How many calls the SQL part of the bulk load takes (inserted into version 7, rolled back)."""
+    conn = await database.engine.connect()
+    try:
+        await prepare_calls(conn, head, workdir)
+        async with conn.begin():
+            inserted = await insert_plain_calls(conn, 7)
+            await conn.rollback()
+        return inserted
+    finally:
+        await conn.invalidate()  # with the work file it attached on SQLite
+        await conn.close()
+
+
+async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Database, tmp_path: Path) -> None:
     await append(
         database,
         started("a", 0, run="r", ticker="T"),
@@ -229,10 +244,7 @@ async def test_bulk_load_takes_plain_calls_in_sql_and_stops_at_head(database: Da
     async with database.engine.connect() as conn:
         head = await head_position(conn)
     await append(database, started("late", 9), finished("a", 0, 11))  # after the captured head
-    async with database.engine.connect() as conn, conn.begin():
-        await prepare_calls(conn, head)
-        assert await insert_plain_calls(conn, 7) == 3  # a, b, c
-        await conn.rollback()
+    assert await _plain_calls_inserted(database, head, tmp_path) == 3  # a, b, c
     await load_version(database, "calls", 8, head)
     await catch_up(database, "calls", 9)
     calls_projection = PROJECTIONS["calls"]
@@ -278,7 +290,7 @@ async def test_formula_promotion_and_recompute(database: Database) -> None:
     assert row.formula == "per_call_mean" and row.throughput_tps == 7.5
 
 
-async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
+async def test_bulk_load_folds_every_unusual_call(database: Database, tmp_path: Path) -> None:
     """Only the plain call goes through SQL; imports, retags, orphan, early, repeated events reach the fold."""
     imported = CallImported(
         call_id="imp", source="s", line=1, started_at=at(0), finished_at=at(5), input_tokens=10, output_tokens=5
@@ -304,10 +316,7 @@ async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
     )
     async with database.engine.connect() as conn:
         head = await head_position(conn)
-    async with database.engine.connect() as conn, conn.begin():
-        await prepare_calls(conn, head)
-        assert await insert_plain_calls(conn, 40) == 1
-        await conn.rollback()
+    assert await _plain_calls_inserted(database, head, tmp_path) == 1
     await catch_up(database, "calls", 41)
     await load_version(database, "calls", 42, head)
     calls_projection = PROJECTIONS["calls"]
@@ -320,7 +329,7 @@ async def test_bulk_load_folds_every_unusual_call(database: Database) -> None:
 @pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)  # PostgreSQL's digest is `rows_digest` itself
 async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> None:
     """The SQLite digest (datetimes rewritten in SQL) is the digest of the rows as SQLAlchemy types them,
-    also for stored datetimes in another shape and text with a NUL in it."""
+    also for stored datetimes in another shape and text with a NUL in it, also split over two processes."""
     await append(
         database,
         started("a", 0, run="r", ticker="T"),
@@ -339,3 +348,16 @@ async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> Non
         rows = (await conn.execute(select(calls.c.call_id, calls.c.started_at).where(calls.c.version == version))).all()
         assert len(rows) == 3
         assert await PROJECTIONS["calls"].digest(conn, version) == await rows_digest(conn, version)
+        # the same with the upper half ('b', 'c') encoded by the child process
+        assert await _sqlite_digest(conn, version, child_from=1) == await rows_digest(conn, version)
+
+
+@pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)
+async def test_dropping_a_version_leaves_the_connection_as_it_was(database: Database) -> None:
+    await append(database, started("a", 0), finished("a", 0, 1))
+    await catch_up(database, "calls")
+    async with database.engine.begin() as conn:
+        before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
+        await PROJECTIONS["calls"].drop(conn, 1)
+        assert (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one() == before
+        assert (await conn.execute(select(calls.c.call_id).where(calls.c.version == 1))).first() is None
