@@ -78,7 +78,7 @@ def _translate(exc: httpx.TransportError, phase: str) -> UpstreamError:
     return UpstreamReset(f"the upstream connection failed ({phase}): {exc or type(exc).__name__}")
 
 
-_DEFAULT_HEADERS = (b"accept", b"accept-encoding", b"user-agent", b"connection")
+_DEFAULT_HEADERS = (b"accept", b"accept-encoding", b"user-agent")
 
 
 class _HttpxResponse:
@@ -119,7 +119,7 @@ class HttpxUpstream:
         request = self.client.build_request(method, self.base_url + target, headers=list(headers), content=body)
         sent = {name for name, _ in headers}
         for name in _DEFAULT_HEADERS:  # httpx adds its own defaults; forward only what the client sent
-            if name not in sent and name != b"connection":
+            if name not in sent:
                 request.headers.pop(name.decode(), None)
         try:
             response = await self.client.send(request, stream=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -26,7 +27,8 @@ async def test_a_failing_child_is_reported_with_its_reason(tmp_path: Path) -> No
 def test_prepare_writes_only_its_work_files(tmp_path: Path) -> None:
     (tmp_path / "a #?%b").mkdir()
     ledger = tmp_path / "a #?%b" / "ledger.db"  # read through a file: URI, so quoted
-    with sqlite3.connect(ledger) as conn:  # just the columns the statements read
+    # just the columns the statements read; closed before `prepare` opens the file with its own SQLite
+    with contextlib.closing(sqlite3.connect(ledger)) as conn:
         conn.execute("CREATE TABLE ledger_events (position INTEGER PRIMARY KEY, type TEXT, payload TEXT)")
     before = ledger.read_bytes()
     work = tmp_path / "work"
