@@ -6,7 +6,7 @@
     starts in call-id order ⟕ their end (index on call id) ──► rebuild_rows (+ `plain` flag)
     every call that is not plain ──► rebuild_rest (positions, for the Python fold)
 
-`_sqlite_prepare` runs them in a child process, each scan into a work file of its own.
+`_sqlite_prepare` runs them in a child process, the scans on two connections into work files of their own.
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
@@ -24,7 +24,7 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 
 from __future__ import annotations
 
-__all__ = ("ENDS_STATEMENTS", "ROWS_STATEMENTS", "STARTS_STATEMENTS")
+__all__ = ("ENDS_INDEX", "ENDS_SELECT", "ORPHANS_POSSIBLE", "ROWS_STATEMENTS", "STARTS_STATEMENTS", "rest_statements")
 
 
 def _ts(v: str) -> str:
@@ -41,16 +41,6 @@ def _us(t: str) -> str:
 
 def _j(path: str) -> str:
     return f"payload ->> '$.{path}'"
-
-
-def _raw_us(raw: str) -> str:
-    """Integer microseconds since the epoch of a timestamp in one of `_ts`'s shapes (NULL otherwise irrelevant)."""
-    return f"(unixepoch(substr({raw}, 1, 19)) * 1000000 + CASE WHEN substr({raw}, 20, 1) = '.' THEN substr({raw}, 21, 6) ELSE 0 END)"
-
-
-def _shape(raw: str) -> str:
-    """The check of `_ts` without the conversion (for moments only read when later ones are missing)."""
-    return f"({raw} IS NULL OR {raw} GLOB '????-??-??T??:??:??Z' OR {raw} GLOB '????-??-??T??:??:??.??????Z')"
 
 
 # Starts, and the few imports and retags (`started` = 0): any of those makes its call not plain.
@@ -73,29 +63,36 @@ FROM (
 ) LIMIT -1
 """
 
-_ENDS = f"""
-CREATE TABLE work.rebuild_ends AS
+# The ends scan's SELECT over positions `:first` to `:last` (`_sqlite_prepare` splits them between its
+# two scan connections). Each moment's shape is checked once (`_ts` is NULL for any other shape):
+# `valid` and the microseconds come from the converted text.
+_TIMES = ("received", "headers", "first", "last", "finished")
+ENDS_SELECT = f"""
 SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
-       {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
-       COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
-       {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
-       AND {_shape("t_finished")} AS valid,
-       {_raw_us("t_first")} AS first_us, {_raw_us("t_last")} AS last_us,
-       {_raw_us("COALESCE(t_finished, t_last, t_headers, t_received)")} AS ended_us
+       ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
+       {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AS valid,
+       {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
 FROM (
-  SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
-         CASE WHEN type = 'call.finished' THEN {_j("status")}
-              ELSE {_j("client_status")} END AS http_status,
-         CASE WHEN type = 'call.failed' THEN {_j("reason")} END AS reason,
-         {_j("response_blob")} AS response_blob, {_j("usage_source")} AS usage_source,
-         {_j("usage.prompt_tokens")} AS prompt, {_j("usage.completion_tokens")} AS completion,
-         {_j("usage.cached_tokens")} AS cached,
-         {_j("timings.received")} AS t_received, {_j("timings.upstream_headers")} AS t_headers,
-         {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
-         {_j("timings.finished")} AS t_finished
-  FROM ledger_events
-  WHERE position <= :head AND +type IN ('call.finished', 'call.failed')
-  LIMIT -1
+  SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
+  FROM (
+    SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+           {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
+    FROM (
+      SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
+             CASE WHEN type = 'call.finished' THEN {_j("status")}
+                  ELSE {_j("client_status")} END AS http_status,
+             CASE WHEN type = 'call.failed' THEN {_j("reason")} END AS reason,
+             {_j("response_blob")} AS response_blob, {_j("usage_source")} AS usage_source,
+             {_j("usage.prompt_tokens")} AS prompt, {_j("usage.completion_tokens")} AS completion,
+             {_j("usage.cached_tokens")} AS cached,
+             {_j("timings.received")} AS t_received, {_j("timings.upstream_headers")} AS t_headers,
+             {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
+             {_j("timings.finished")} AS t_finished
+      FROM ledger_events
+      WHERE position BETWEEN :first AND :last AND +type IN ('call.finished', 'call.failed')
+      LIMIT -1
+    ) LIMIT -1
+  ) LIMIT -1
 ) LIMIT -1
 """
 
@@ -120,8 +117,8 @@ FROM (
          (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
          (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
          s.tags IS NOT NULL AND s.started_at IS NOT NULL
-         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND (SELECT count(*) FROM rebuild_ends x WHERE x.cid = s.cid) = 1))
-         AND (SELECT count(*) FROM rebuild_starts x WHERE x.cid = s.cid) = 1 AS plain
+         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))
+         AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
   WHERE s.cid IS NOT NULL AND s.started
   ORDER BY s.cid
@@ -140,12 +137,37 @@ SELECT row_number() OVER () AS k,
 FROM (
   SELECT call_id AS cid FROM rebuild_rows WHERE NOT plain
   UNION SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL
-  UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
+  {orphans}
 ) ids
 """
+_ORPHANS = "UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)"
 
-# Each scan on its own connection, into its own work file attached as `work` (the ledger is `main`).
+# Whether an end may lack a start (a look-up per end finds them). None can when no call id has two
+# starts and every end is in a row of `rebuild_rows`: there each end meets its call's one start.
+ORPHANS_POSSIBLE = """
+SELECT EXISTS (SELECT 1 FROM rebuild_repeated_starts)
+       OR (SELECT count(*) FROM rebuild_ends) <> (SELECT count(*) FROM rebuild_rows WHERE status <> 'incomplete')
+"""
+
+
+def rest_statements(*, orphans: bool) -> tuple[str, ...]:
+    """Every call that is not plain, with the positions of its events (`orphans`: look for ends without a start)."""
+    return (_REST.format(orphans=_ORPHANS if orphans else ""), "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")
+
+
+# Call ids with more than one start (or retag, import) or more than one end: never plain. Found once
+# in the cid indexes rather than counted per row; NULL ids are left out (`NOT IN` a list holding a
+# NULL is never true), and a NULL id is not plain anyway.
+_REPEATED = (
+    "CREATE TABLE rebuild_repeated_starts AS "
+    "SELECT cid FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
+    "CREATE TABLE rebuild_repeated_ends AS "
+    "SELECT cid FROM rebuild_ends WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
+)
+
+# The starts scan on its own connection, into its own work file attached as `work` (the ledger is `main`).
 STARTS_STATEMENTS: tuple[str, ...] = (_STARTS, "CREATE INDEX work.rebuild_starts_cid ON rebuild_starts (cid)")
-ENDS_STATEMENTS: tuple[str, ...] = (_ENDS, "CREATE INDEX work.rebuild_ends_cid ON rebuild_ends (cid)")
-# On a connection whose `main` is the rows file, with both scans' files attached.
-ROWS_STATEMENTS: tuple[str, ...] = (_ROWS, _REST, "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")
+ENDS_INDEX = "CREATE INDEX e.rebuild_ends_cid ON rebuild_ends (cid)"
+# On a connection whose `main` is the rows file, with the starts file attached as `s`, the ends file
+# as `e` (its index built); then `rest_statements`.
+ROWS_STATEMENTS: tuple[str, ...] = (*_REPEATED, _ROWS)

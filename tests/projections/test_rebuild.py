@@ -326,6 +326,29 @@ async def test_bulk_load_folds_every_unusual_call(database: Database, tmp_path: 
         assert sorted(loaded) == ["early", "ends", "imp", "late", "orphan", "plain", "twice"]
 
 
+async def test_bulk_load_finds_an_end_without_a_start_among_plain_calls(database: Database, tmp_path: Path) -> None:
+    """No repeated start to give it away: the orphan end is found by counting the ends every row took."""
+    await append(
+        database,
+        started("a", 0),
+        finished("a", 0, 1),
+        finished("orphan", 1, 2),
+        started("b", 2),
+        finished("b", 2, 3),
+        started("open", 3),
+    )
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+    assert await _plain_calls_inserted(database, head, tmp_path) == 3
+    await catch_up(database, "calls", 41)
+    await load_version(database, "calls", 42, head)
+    calls_projection = PROJECTIONS["calls"]
+    async with database.engine.connect() as conn:
+        assert await calls_projection.digest(conn, 41) == await calls_projection.digest(conn, 42)
+        loaded = (await conn.execute(select(calls.c.call_id).where(calls.c.version == 42))).scalars()
+        assert sorted(loaded) == ["a", "b", "open", "orphan"]
+
+
 @pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)  # PostgreSQL's digest is `rows_digest` itself
 async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> None:
     """The SQLite digest (datetimes rewritten in SQL) is the digest of the rows as SQLAlchemy types them,
