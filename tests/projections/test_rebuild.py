@@ -314,16 +314,15 @@ async def test_bulk_load_folds_every_unusual_call(database: Database, tmp_path: 
         finished("ends", 6, 7),
         finished("ends", 6, 8),  # a repeated end
     )
-    async with database.engine.connect() as conn:
-        head = await head_position(conn)
-    assert await _plain_calls_inserted(database, head, tmp_path) == 1
-    await catch_up(database, "calls", 41)
-    await load_version(database, "calls", 42, head)
-    calls_projection = PROJECTIONS["calls"]
-    async with database.engine.connect() as conn:
-        assert await calls_projection.digest(conn, 41) == await calls_projection.digest(conn, 42)
-        loaded = (await conn.execute(select(calls.c.call_id).where(calls.c.version == 42))).scalars()
-        assert sorted(loaded) == ["early", "ends", "imp", "late", "orphan", "plain", "twice"]
+    assert await _bulk_load_matches_the_fold(database, tmp_path, plain=1) == [
+        "early",
+        "ends",
+        "imp",
+        "late",
+        "orphan",
+        "plain",
+        "twice",
+    ]
 
 
 async def test_bulk_load_finds_an_end_without_a_start_among_plain_calls(database: Database, tmp_path: Path) -> None:
@@ -337,16 +336,21 @@ async def test_bulk_load_finds_an_end_without_a_start_among_plain_calls(database
         finished("b", 2, 3),
         started("open", 3),
     )
+    assert await _bulk_load_matches_the_fold(database, tmp_path, plain=3) == ["a", "b", "open", "orphan"]
+
+
+async def _bulk_load_matches_the_fold(database: Database, tmp_path: Path, *, plain: int) -> list[str]:
+    """Bulk-load every event into version 42 (`plain` calls in SQL), fold them into 41; the call ids loaded."""
     async with database.engine.connect() as conn:
         head = await head_position(conn)
-    assert await _plain_calls_inserted(database, head, tmp_path) == 3
+    assert await _plain_calls_inserted(database, head, tmp_path) == plain
     await catch_up(database, "calls", 41)
     await load_version(database, "calls", 42, head)
     calls_projection = PROJECTIONS["calls"]
     async with database.engine.connect() as conn:
         assert await calls_projection.digest(conn, 41) == await calls_projection.digest(conn, 42)
         loaded = (await conn.execute(select(calls.c.call_id).where(calls.c.version == 42))).scalars()
-        assert sorted(loaded) == ["a", "b", "open", "orphan"]
+        return sorted(loaded)
 
 
 @pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)  # PostgreSQL's digest is `rows_digest` itself
