@@ -24,7 +24,14 @@ from typing import Any
 import structlog
 
 from gateway.errors import BodyTooLarge, GatewayError, UpstreamError
-from gateway.headers import Header, forward_headers, parse_ledger_headers, recorded_headers, response_headers
+from gateway.headers import (
+    Header,
+    LedgerTags,
+    forward_headers,
+    parse_ledger_headers,
+    recorded_headers,
+    response_headers,
+)
 from gateway.inspect import (
     TOKEN_CHUNK,
     RequestInfo,
@@ -151,8 +158,7 @@ class Proxy:
             return
         path = request.raw_path.decode("latin-1")
         query = request.query.decode("latin-1")
-        call = _Call(self, request.method, path, query, headers, request.body, request.received)
-        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
+        call = _Call(self, request.method, path, query, headers, request.body, request.received, ledger_tags)
         exchange.on_disconnect = call.disconnected
         self.metrics.in_flight += 1
         try:
@@ -173,8 +179,7 @@ class Proxy:
             return  # the client left before its request was complete: nothing to record
         raw_path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"").decode("latin-1")
-        call = _Call(self, scope["method"], raw_path.decode("latin-1"), query, headers, body, received)
-        call.run_name, call.tags = ledger_tags.run, ledger_tags.tags
+        call = _Call(self, scope["method"], raw_path.decode("latin-1"), query, headers, body, received, ledger_tags)
         self.metrics.in_flight += 1
         watcher = asyncio.create_task(self._watch(receive, call))
         try:
@@ -223,7 +228,15 @@ class _Call:
     """One proxied call: its state from request to final event."""
 
     def __init__(
-        self, proxy: Proxy, method: str, path: str, query: str, headers: list[Header], body: bytes, received: float
+        self,
+        proxy: Proxy,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[Header],
+        body: bytes,
+        received: float,
+        ledger_tags: LedgerTags,
     ) -> None:
         self.proxy = proxy
         self.metrics = proxy.metrics
@@ -237,6 +250,8 @@ class _Call:
         self.headers = headers
         self.body = body
         self.received = received
+        self.run_name = ledger_tags.run
+        self.tags = ledger_tags.tags
         self.info = inspect_request(body) if self.method == "POST" else RequestInfo()
         self.upstream_body = body
         self.injected = False
@@ -263,8 +278,6 @@ class _Call:
         self.client_gone = False
         self.done = False
         self.task: asyncio.Task[Any] | None = None
-        self.run_name: str | None = None
-        self.tags: dict[str, str] = {}
         self.started_durable: asyncio.Future[Durable] | None = None
 
     # -- recording -------------------------------------------------------------------------------

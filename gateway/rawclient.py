@@ -55,7 +55,6 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.slot_freed = False
         self.idle_since = 0.0
-        self.reused = False
         # the response in progress
         self.busy = False
         self.head_only = False
@@ -315,7 +314,6 @@ class _Pool:
             while self.idle:
                 conn = self.idle.pop()
                 if not conn.closed and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
-                    conn.reused = True
                     return conn
                 conn.close()
             if self.count < self.max_connections:

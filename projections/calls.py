@@ -311,7 +311,7 @@ class CallsProjection:
             return
         # Debian's SQLite is built with SECURE_DELETE on: every deleted row zeroed, every page of
         # the version written to the WAL and checkpointed back. FAST zeroes what the delete
-        # rewrites anyway and no more (1M rows: 360 -> 211 MB of WAL). Rows of a read model hold
+        # rewrites anyway and no more (1M rows, by hand: 360 -> 211 MB of WAL). Rows of a read model hold
         # nothing the ledger does not keep; restored afterwards, the connection goes back to a pool.
         previous = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
         await conn.exec_driver_sql("PRAGMA secure_delete = FAST")
