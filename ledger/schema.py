@@ -25,7 +25,7 @@ from sqlalchemy import (
     Uuid,
 )
 
-__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata")
+__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -57,6 +57,16 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         assert isinstance(value, datetime)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def sqlite_bind(value: Any) -> Any:
+    """A value as a `UTCDateTime` column stores it on SQLite (naive UTC, microsecond text), for plain
+    `sqlite3` statements that skip SQLAlchemy's per-row parameter processing; other values as they are."""
+    if isinstance(value, datetime):
+        if value.utcoffset():
+            value = value.astimezone(UTC)
+        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+    return value
 
 
 events = Table(

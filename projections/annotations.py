@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -13,13 +14,17 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import RunAnnotated
-from ledger.schema import events
+from ledger.schema import events, sqlite_bind
 from projections._slim import decode_slim
 from projections.tables import annotations_table
 
 __all__ = ("Annotation", "AnnotationsProjection", "labels_for_run", "load_annotations")
 
 _labels_encoder = msgspec.json.Encoder(order="sorted")
+_COLUMNS = [column.name for column in annotations_table.columns]
+_SQLITE_INSERT = (
+    f"INSERT INTO {annotations_table.name} ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+)
 _labels_decoder = msgspec.json.Decoder(dict[str, str])
 
 
@@ -68,6 +73,11 @@ class AnnotationsProjection:
     async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
         if rows:
             await conn.execute(insert(annotations_table), rows)
+
+    def write_sqlite(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
+        """`write` on a plain `sqlite3` connection, inside the caller's transaction."""
+        if rows:
+            conn.executemany(_SQLITE_INSERT, [tuple(sqlite_bind(row[name]) for name in _COLUMNS) for row in rows])
 
     async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
         return None

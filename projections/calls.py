@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import sqlite3
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import CallImported, CallRetagged
-from ledger.schema import UTCDateTime, events
+from ledger.schema import UTCDateTime, events, sqlite_bind
 from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
 from projections._digest_lines import encode_page
 from projections._slim import SFailed, SFinished, SStarted, decode_slim
@@ -78,13 +79,8 @@ _SQLITE_DIGEST_RANGE = (
 _SQLITE_DIGEST = _SQLITE_DIGEST_RANGE.replace("call_id {op} ?", "1")
 
 
-def _sqlite_value(value: Any) -> Any:
-    """What `UTCDateTime` would bind on SQLite: naive UTC, microsecond text."""
-    if isinstance(value, datetime):
-        if value.utcoffset():
-            value = value.astimezone(UTC)
-        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
-    return value
+def _sqlite_params(rows: list[Row]) -> list[tuple[Any, ...]]:
+    return [tuple(sqlite_bind(row[name]) for name in CALL_COLUMNS) for row in rows]
 
 
 def call_status_failed(status: str) -> bool:
@@ -279,8 +275,7 @@ class CallsProjection:
         if conn.dialect.name == "sqlite":
             # Fast path: one executemany of plain tuples (datetimes in SQLAlchemy's SQLite storage
             # format), skipping per-row parameter processing; several times faster on big rebuilds.
-            params = [tuple(_sqlite_value(row[name]) for name in CALL_COLUMNS) for row in rows]
-            await conn.exec_driver_sql(_SQLITE_UPSERT, params)
+            await conn.exec_driver_sql(_SQLITE_UPSERT, _sqlite_params(rows))
             return
         dialect = postgresql
         statement = dialect.insert(calls)
@@ -290,6 +285,11 @@ class CallsProjection:
         )
         for start in range(0, len(rows), 5000):
             await conn.execute(statement, rows[start : start + 5000])
+
+    def write_sqlite(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
+        """`write` on a plain `sqlite3` connection, inside the caller's transaction."""
+        if rows:
+            conn.executemany(_SQLITE_UPSERT, _sqlite_params(rows))
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat).

@@ -61,3 +61,19 @@ async def test_runners_at_once_fold_outside_the_lock_and_agree_with_one(database
             )
         ).all()
     assert sorted(tuple(r) for r in rows) == [(10 + i, 1) for i in range(12)]
+
+
+async def test_a_catch_up_writes_its_checkpoint_as_the_schema_reads_it(database: Database) -> None:
+    """On SQLite the write runs as plain `sqlite3` statements on the appender's thread: its
+    timestamp must read back through `UTCDateTime` like one SQLAlchemy wrote."""
+    before = utc_now()
+    await append(database, started("a", 0, run="r"), finished("a", 0, 3))
+    assert await catch_up(database, "calls") == 2
+    async with database.engine.connect() as conn:
+        position, updated_at = (
+            await conn.execute(
+                select(checkpoints.c.position, checkpoints.c.updated_at).where(checkpoints.c.projection == "calls")
+            )
+        ).one()
+    assert position == 2
+    assert before <= updated_at <= utc_now()
