@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 import socket
 import sys
@@ -30,6 +29,7 @@ from gateway.server import HttpServer
 from gateway.upstream import UpstreamClient, as_upstream, httpx_client
 from ledger.db import Database, open_database
 from ledger.errors import DatabaseUnavailable
+from ledger.heap import freeze_startup_heap
 from ledger.migrate import require_head
 from ledger.settings import Settings
 from ledger.spool import Spool
@@ -87,8 +87,7 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
             try:
                 routers = api(database, settings) if api is not None else ()
                 app = create_app(settings, database=database, writer=writer, http_client=client, api_routers=routers)
-                gc.collect()
-                gc.freeze()  # start-up objects (Litestar, SQLAlchemy, ...) live forever: keep them out of GC scans
+                freeze_startup_heap()
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
                 await _run_server(app, settings)
             finally:

@@ -20,6 +20,7 @@ from ledger.commands import open_checked, run_command, settings_from_args
 from ledger.db import Database
 from ledger.errors import ConfigError
 from ledger.events import CallRetagged, RunAnnotated, new_event
+from ledger.heap import freeze_startup_heap
 from ledger.log import configure_logging
 from ledger.settings import Settings
 from projections._output import print_rows
@@ -206,6 +207,7 @@ def projections_run_command(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             if args.follow:
+                freeze_startup_heap()
                 await follow_projections(database, asyncio.Event())
             checkpoints = await catch_up_all(database)
         finally:
