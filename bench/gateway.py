@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -227,6 +228,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             targets = list(zip(sequential, (direct, via, bare), strict=True))
             direct_client, via_client, relay_client = streaming
             await latency(targets, 50)
+            # this client's own start-up objects out of GC scans: a full collection of them stalled
+            # whichever call was being timed for ~40 ms (the servers do the same when they start)
+            gc.collect()
+            gc.freeze()
             fsync_before = fsync_ms(tmp)
             rounds = []
             cpu_total, chunks_total = 0.0, 0
