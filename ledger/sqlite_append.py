@@ -126,16 +126,21 @@ class SqliteAppender(_ThreadConnection):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._append, batch, blobs, recorded_at)
 
-    async def transaction(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def transaction(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
         """Run `work(conn)` in one write transaction on the appender's thread: one round trip.
 
         For other writers that share the ledger's write lock (the projection follower): through
         aiosqlite each statement was a hop to its thread and back, and a follower's few statements
         held the lock 3-6 ms, which strict-mode appends waited out. Errors as in `append`; an
         exception from `work` rolls back and propagates as it is.
+
+        `durable=False`: the COMMIT does not wait for the disk (`synchronous=NORMAL`), so the lock is
+        not held through an fsync, for data that can be derived again (read models and their
+        checkpoints). Still atomic; a power loss may undo the latest such commits, never a later
+        durable one (the WAL is synced in order).
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._transaction, work)
+        return await loop.run_in_executor(self._executor, self._transaction, work, "write", durable)
 
     def close(self) -> None:
         self._stop()
@@ -202,10 +207,12 @@ class SqliteAppender(_ThreadConnection):
             conn.execute("RELEASE ledger_events_insert")
         return rows, last
 
-    def _transaction(self, work: Callable[[sqlite3.Connection], T], what: str = "write") -> T:
+    def _transaction(self, work: Callable[[sqlite3.Connection], T], what: str = "write", durable: bool = True) -> T:
         """BEGIN IMMEDIATE (polled), `work`, COMMIT; ROLLBACK and the ledger's errors on failure."""
         try:
             conn = self._connection()
+            if not durable:
+                conn.execute("PRAGMA synchronous=NORMAL")  # outside a transaction: it cannot change inside one
             _begin(conn)
         except sqlite3.Error as exc:
             self._reset()
@@ -223,6 +230,12 @@ class SqliteAppender(_ThreadConnection):
             if isinstance(exc, sqlite3.Error):
                 raise LedgerError(f"{what} to SQLite ledger {self.path} failed: {exc}") from exc
             raise
+        finally:
+            if not durable and self._conn is not None:
+                try:
+                    self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                except sqlite3.Error:
+                    self._reset()  # the next use reconnects with the ledger's setting
         return result
 
     def _existing(self, conn: sqlite3.Connection, ids: list[uuid.UUID]) -> set[uuid.UUID]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -14,7 +13,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import RunAnnotated
-from ledger.schema import events, sqlite_bind
+from ledger.schema import SqliteWrite, events, sqlite_bind
 from projections._slim import decode_slim
 from projections.tables import annotations_table
 
@@ -74,10 +73,10 @@ class AnnotationsProjection:
         if rows:
             await conn.execute(insert(annotations_table), rows)
 
-    def write_sqlite(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None:
-        """`write` on a plain `sqlite3` connection, inside the caller's transaction."""
-        if rows:
-            conn.executemany(_SQLITE_INSERT, [tuple(sqlite_bind(row[name]) for name in _COLUMNS) for row in rows])
+    def sqlite_write(self, rows: list[dict[str, Any]]) -> SqliteWrite:
+        """`write` as plain `sqlite3` statements for the caller's transaction; rows converted now."""
+        params = [tuple(sqlite_bind(row[name]) for name in _COLUMNS) for row in rows]
+        return lambda conn: conn.executemany(_SQLITE_INSERT, params) if params else None
 
     async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
         return None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sqlite3
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -28,7 +27,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import CallImported, CallRetagged
-from ledger.schema import UTCDateTime, events, sqlite_bind
+from ledger.schema import SqliteWrite, UTCDateTime, events, sqlite_bind
 from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
 from projections._digest_lines import encode_page
 from projections._slim import SFailed, SFinished, SStarted, decode_slim
@@ -286,10 +285,10 @@ class CallsProjection:
         for start in range(0, len(rows), 5000):
             await conn.execute(statement, rows[start : start + 5000])
 
-    def write_sqlite(self, conn: sqlite3.Connection, rows: list[Row]) -> None:
-        """`write` on a plain `sqlite3` connection, inside the caller's transaction."""
-        if rows:
-            conn.executemany(_SQLITE_UPSERT, _sqlite_params(rows))
+    def sqlite_write(self, rows: list[Row]) -> SqliteWrite:
+        """`write` as plain `sqlite3` statements for the caller's transaction; rows converted now."""
+        params = _sqlite_params(rows)
+        return lambda conn: conn.executemany(_SQLITE_UPSERT, params) if params else None
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat).

@@ -33,7 +33,7 @@ from ledger.db import WRITER_OPTION, Database
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import ProjectionPromoted, new_event, utc_now
 from ledger.read import head_position
-from ledger.schema import checkpoints, events, sqlite_bind
+from ledger.schema import SqliteWrite, checkpoints, events, sqlite_bind
 from projections.annotations import AnnotationsProjection
 from projections.calls import CallsProjection
 from projections.errors import UnknownProjection
@@ -68,7 +68,7 @@ class Projection(Protocol):
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]
     ) -> list[dict[str, Any]]: ...
     async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None: ...
-    def write_sqlite(self, conn: sqlite3.Connection, rows: list[dict[str, Any]]) -> None: ...
+    def sqlite_write(self, rows: list[dict[str, Any]]) -> SqliteWrite: ...
     async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None: ...
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None: ...
     async def digest(self, conn: AsyncConnection, version: int) -> str: ...
@@ -201,10 +201,14 @@ async def _apply_page(
     async with database.engine.connect() as conn:
         rows = await projection.fold(conn, version, page)
     if database.sqlite_appender is not None:
-        # The whole write in one call on the appender's thread: through aiosqlite its four
-        # statements held the lock 3-6 ms (strict-mode appends waited that out: the gateway's p99).
+        # The whole write in one call on the appender's thread, rows converted before the lock is
+        # taken: through aiosqlite its four statements held the lock 3-6 ms, and strict-mode appends
+        # waited that out (the gateway's p99). Not synced: see `transaction(durable=False)`.
+        write = projection.sqlite_write(rows)
+        last = page[-1][0]
         await database.sqlite_appender.transaction(
-            lambda sqlite_conn: _write_sqlite(sqlite_conn, projection, version, expected, rows, page[-1][0])
+            lambda sqlite_conn: _write_sqlite(sqlite_conn, projection.name, version, expected, write, last),
+            durable=False,
         )
         return
     conn = await database.writer()
@@ -226,14 +230,14 @@ _SQLITE_SET_CHECKPOINT = (
 
 
 def _write_sqlite(
-    conn: sqlite3.Connection, projection: Projection, version: int, expected: int, rows: list[dict[str, Any]], last: int
+    conn: sqlite3.Connection, name: str, version: int, expected: int, write: SqliteWrite, last: int
 ) -> None:
     """`_apply_page`'s writer transaction, on the SQLite appender's thread (inside its transaction)."""
-    found = conn.execute(_SQLITE_CHECKPOINT, (projection.name, version)).fetchone()
+    found = conn.execute(_SQLITE_CHECKPOINT, (name, version)).fetchone()
     if (int(found[0]) if found else 0) != expected:
         raise _Moved
-    projection.write_sqlite(conn, rows)
-    conn.execute(_SQLITE_SET_CHECKPOINT, (projection.name, version, last, sqlite_bind(utc_now())))
+    write(conn)
+    conn.execute(_SQLITE_SET_CHECKPOINT, (name, version, last, sqlite_bind(utc_now())))
 
 
 # The bulk load's own SQLite connection: a bounded page cache for the ledger and its temp store (memory

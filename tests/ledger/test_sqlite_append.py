@@ -101,3 +101,30 @@ async def test_an_append_waits_for_another_writer_and_gives_up_after_its_timeout
     finally:
         other.close()
         await database.dispose()
+
+
+async def test_a_transaction_runs_on_the_appender_and_only_a_non_durable_one_skips_the_sync(tmp_path: Path) -> None:
+    """`transaction(durable=False)` commits with synchronous=NORMAL and puts FULL back afterwards,
+    also when its work fails (which rolls it back); appends stay synced."""
+    database = open_database(f"sqlite:///{tmp_path / 'ledger.db'}")
+    await upgrade_database(database)
+    appender = database.sqlite_appender
+    assert appender is not None
+    synchronous = "PRAGMA synchronous"  # 1 = NORMAL, 2 = FULL
+
+    def failing(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE scratch (x)")
+        raise RuntimeError("work failed")
+
+    try:
+        assert await appender.transaction(lambda c: c.execute(synchronous).fetchone()[0], durable=False) == 1
+        assert await appender.transaction(lambda c: c.execute(synchronous).fetchone()[0]) == 2
+        with pytest.raises(RuntimeError, match="work failed"):
+            await appender.transaction(failing, durable=False)
+        assert await appender.transaction(lambda c: c.execute(synchronous).fetchone()[0]) == 2
+        tables = await appender.transaction(lambda c: c.execute("SELECT name FROM sqlite_master").fetchall())
+        assert ("scratch",) not in tables
+        await append_events(database, call_events(1))
+        assert await appender.transaction(lambda c: c.execute(synchronous).fetchone()[0]) == 2
+    finally:
+        await database.dispose()
