@@ -6,8 +6,6 @@ that these definitions and the migrations do not drift.
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +25,7 @@ from sqlalchemy import (
     Uuid,
 )
 
-__all__ = ("SqliteWrite", "UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind")
+__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -59,10 +57,6 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         assert isinstance(value, datetime)
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-SqliteWrite = Callable[[sqlite3.Connection], object]
-"""Statements to run inside a writer transaction on a plain `sqlite3` connection (`SqliteAppender.transaction`)."""
 
 
 def sqlite_bind(value: Any) -> Any:

@@ -34,9 +34,11 @@ from ledger.blobs import PreparedBlob
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import NewEvent
 
-__all__ = ("SqliteAppender",)
+__all__ = ("SqliteAppender", "SqliteWrite")
 
 T = TypeVar("T")
+SqliteWrite = Callable[[sqlite3.Connection], object]
+"""Statements to run inside a writer transaction on a plain `sqlite3` connection (`SqliteAppender.transaction`)."""
 
 _INSERT_EVENTS = (
     f"INSERT INTO ledger_events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"

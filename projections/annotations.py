@@ -13,7 +13,8 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import RunAnnotated
-from ledger.schema import SqliteWrite, events, sqlite_bind
+from ledger.schema import events, sqlite_bind
+from ledger.sqlite_append import SqliteWrite
 from projections._slim import decode_slim
 from projections.tables import annotations_table
 

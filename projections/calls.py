@@ -27,7 +27,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.events import CallImported, CallRetagged
-from ledger.schema import SqliteWrite, UTCDateTime, events, sqlite_bind
+from ledger.schema import UTCDateTime, events, sqlite_bind
+from ledger.sqlite_append import SqliteWrite
 from projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
 from projections._digest_lines import encode_page
 from projections._slim import SFailed, SFinished, SStarted, decode_slim

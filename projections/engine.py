@@ -33,7 +33,8 @@ from ledger.db import WRITER_OPTION, Database
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import ProjectionPromoted, new_event, utc_now
 from ledger.read import head_position
-from ledger.schema import SqliteWrite, checkpoints, events, sqlite_bind
+from ledger.schema import checkpoints, events, sqlite_bind
+from ledger.sqlite_append import SqliteWrite
 from projections.annotations import AnnotationsProjection
 from projections.calls import CallsProjection
 from projections.errors import UnknownProjection
