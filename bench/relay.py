@@ -5,9 +5,9 @@
 Each accepted connection gets its own upstream connection and bytes are copied both ways as they
 arrive (uvloop, no HTTP parsing, no recording, nothing else). `bench/gateway.py` runs it beside the
 gateway: its CPU per relayed chunk is what one extra loopback hop through a Python process costs
-by itself on this box, measured in the same run as the gateway. (Its latency figures are printed
-too, but in those runs calls through it came back sooner than direct ones: no floor there; see
-docs/BENCHMARKS.md.)
+by itself on this box, measured in the same run as the gateway. Its latency figures are the floor
+too, now that every target has its own client (a shared pool had made it look faster than direct;
+docs/BENCHMARKS.md, fourth session).
 """
 
 from __future__ import annotations
