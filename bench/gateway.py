@@ -220,10 +220,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         # target with a pool of its own looked faster than direct).
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64, keepalive_expiry=2.0)
         async with contextlib.AsyncExitStack() as stack:
-            sequential = [httpx.AsyncClient(timeout=120, limits=limits) for _ in range(3)]
-            streaming = [httpx.AsyncClient(timeout=120, limits=limits) for _ in range(3)]
-            for c in (*sequential, *streaming):
-                await stack.enter_async_context(c)
+            clients = [await stack.enter_async_context(httpx.AsyncClient(timeout=120, limits=limits)) for _ in range(6)]
+            sequential, streaming = clients[:3], clients[3:]
             targets = list(zip(sequential, (direct, via, bare), strict=True))
             direct_client, via_client, relay_client = streaming
             await latency(targets, 50)

@@ -20,8 +20,9 @@ from datetime import UTC, datetime, timedelta
 
 from ledger.chain import HEAD_STRUCT, LENGTH_STRUCT, epoch_micros
 from ledger.events import Event, NewEvent, encode_event, event_type
+from ledger.schema import sqlite_time
 
-__all__ = ("EVENT_COLUMNS", "build_rows", "sqlite_time")
+__all__ = ("EVENT_COLUMNS", "build_rows")
 
 EVENT_COLUMNS = ("position", "event_id", "type", "stream", "occurred_at", "recorded_at", "payload", "hash")
 
@@ -29,10 +30,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MINUTE_US = 60_000_000
 # event class → (dotted type, its length-prefixed UTF-8 bytes as hashed)
 _TYPES: dict[type[Event], tuple[str, bytes]] = {}
-
-
-def sqlite_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
 
 
 def _type_of(body: Event) -> tuple[str, bytes]:

@@ -25,7 +25,7 @@ from sqlalchemy import (
     Uuid,
 )
 
-__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind")
+__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind", "sqlite_time")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -59,13 +59,16 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def sqlite_time(moment: datetime) -> str:
+    """An aware datetime as a `UTCDateTime` column stores it on SQLite: naive UTC, microsecond text."""
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+
+
 def sqlite_bind(value: Any) -> Any:
-    """A value as a `UTCDateTime` column stores it on SQLite (naive UTC, microsecond text), for plain
-    `sqlite3` statements that skip SQLAlchemy's per-row parameter processing; other values as they are."""
+    """A value as its column stores it on SQLite (datetimes by `sqlite_time`), for plain `sqlite3`
+    statements that skip SQLAlchemy's per-row parameter processing; other values as they are."""
     if isinstance(value, datetime):
-        if value.utcoffset():
-            value = value.astimezone(UTC)
-        return value.replace(tzinfo=None).isoformat(" ", "microseconds")
+        return sqlite_time(value) if value.tzinfo is not None else value.isoformat(" ", "microseconds")
     return value
 
 

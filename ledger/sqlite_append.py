@@ -29,10 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import TypeVar, cast
 
-from ledger._rows import EVENT_COLUMNS, build_rows, sqlite_time
+from ledger._rows import EVENT_COLUMNS, build_rows
 from ledger.blobs import PreparedBlob
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import NewEvent
+from ledger.schema import sqlite_time
 
 __all__ = ("SqliteAppender", "SqliteWrite")
 

@@ -33,7 +33,7 @@ from ledger.db import WRITER_OPTION, Database
 from ledger.errors import DatabaseUnavailable, LedgerError
 from ledger.events import ProjectionPromoted, new_event, utc_now
 from ledger.read import head_position
-from ledger.schema import checkpoints, events, sqlite_bind
+from ledger.schema import checkpoints, events, sqlite_time
 from ledger.sqlite_append import SqliteWrite
 from projections.annotations import AnnotationsProjection
 from projections.calls import CallsProjection
@@ -238,7 +238,7 @@ def _write_sqlite(
     if (int(found[0]) if found else 0) != expected:
         raise _Moved
     write(conn)
-    conn.execute(_SQLITE_SET_CHECKPOINT, (name, version, last, sqlite_bind(utc_now())))
+    conn.execute(_SQLITE_SET_CHECKPOINT, (name, version, last, sqlite_time(utc_now())))
 
 
 # The bulk load's own SQLite connection: a bounded page cache for the ledger and its temp store (memory
