@@ -20,14 +20,16 @@ holding the lock for 2 ms, an append waited 3 or 8 ms, and strict-mode responses
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from datetime import datetime
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from ledger._rows import EVENT_COLUMNS, build_rows
 from ledger.blobs import PreparedBlob
@@ -59,19 +61,68 @@ _LOCK_POLL_S = 0.0002
 _LOCK_TIMEOUT_S = 30.0
 
 
+_Job = tuple[
+    Callable[..., Any], tuple[Any, ...], "asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | Future[Any]"
+]
+
+
 class _ThreadConnection:
-    """One `sqlite3` connection, opened lazily and used only on this object's own worker thread."""
+    """One `sqlite3` connection, opened lazily and used only on this object's own thread.
+
+    Work reaches the thread through a plain queue and its result comes back to the event loop with
+    one `call_soon_threadsafe`. `run_in_executor` on a `ThreadPoolExecutor` chained a
+    `concurrent.futures.Future` to an asyncio one through a condition variable and callbacks on
+    both sides: about a tenth of the gateway's GIL time per non-stream call, two appends each.
+    """
 
     def __init__(self, path: str, synchronous: str, thread_name: str) -> None:
         self.path = path
         self.synchronous = synchronous
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=thread_name)
         self._conn: sqlite3.Connection | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        # a daemon: a database never disposed must not keep the interpreter from exiting
+        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
+        self._thread.start()
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the thread; cancelling the caller does not stop work already started."""
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, args, loop, future))
+        return await future
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` on the thread, from any thread (no event loop needed)."""
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name} is closed")
+        future: Future[T] = Future()
+        self._jobs.put((fn, args, None, future))
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, loop, future = job
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # handed to the caller, as an executor would
+                result, error = None, exc
+            if loop is None:
+                _settle(cast("Future[Any]", future), result, error)
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _stop(self) -> None:
         """Close the connection on its thread, then end the thread."""
-        self._executor.submit(self._reset).result()
-        self._executor.shutdown(wait=True)
+        if self._closed:
+            return
+        self._submit(self._reset).result()
+        self._closed = True
+        self._jobs.put(None)
+        self._thread.join()
 
     def _reset(self) -> None:
         """Forget the connection (on its thread); the next use reconnects."""
@@ -80,6 +131,16 @@ class _ThreadConnection:
                 self._conn.close()
             finally:
                 self._conn = None
+
+
+def _settle(future: asyncio.Future[Any] | Future[Any], result: Any, error: BaseException | None) -> None:
+    """Give `future` its outcome unless its caller already gave up on it (cancelled)."""
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 class _Checkpointer(_ThreadConnection):
@@ -96,7 +157,7 @@ class _Checkpointer(_ThreadConnection):
             if self._queued:
                 return
             self._queued = True
-        self._executor.submit(self._checkpoint)
+        self._submit(self._checkpoint)
 
     def close(self) -> None:
         self._stop()
@@ -126,8 +187,7 @@ class SqliteAppender(_ThreadConnection):
         self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
     ) -> tuple[int, int, int]:
         """(appended, duplicates, last position); raises DatabaseUnavailable / LedgerError."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._append, batch, blobs, recorded_at)
+        return await self._call(self._append, batch, blobs, recorded_at)
 
     async def transaction(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
         """Run `work(conn)` in one write transaction on the appender's thread: one round trip.
@@ -142,8 +202,7 @@ class SqliteAppender(_ThreadConnection):
         checkpoints). Still atomic; a power loss may undo the latest such commits, never a later
         durable one (the WAL is synced in order).
         """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._transaction, work, "write", durable)
+        return await self._call(self._transaction, work, "write", durable)
 
     def close(self) -> None:
         self._stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,7 @@ async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on
     report = await verify_chain(database)
     assert report.ok and report.checked == 600
     checkpointer = appender._checkpointer
-    await asyncio.wrap_future(checkpointer._executor.submit(lambda: None))  # the last request has run
+    await checkpointer._call(lambda: None)  # the last request has run
     assert checkpointer.completed >= 1
     # The checkpoints copied events into the database file itself, read here without the WAL
     # (`immutable`), while every connection is still open: closing the last one checkpoints
@@ -69,7 +70,7 @@ async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_p
                 conn.execute("PRAGMA cache_size").fetchone()[0],
             )
 
-        assert await asyncio.wrap_future(appender._executor.submit(pragmas)) == (
+        assert await appender._call(pragmas) == (
             sqlite_append._BACKSTOP_PAGES,
             sqlite_append._CACHE_KIB,
         )
@@ -128,3 +129,36 @@ async def test_a_transaction_runs_on_the_appender_and_only_a_non_durable_one_ski
         assert await appender.transaction(lambda c: c.execute(synchronous).fetchone()[0]) == 2
     finally:
         await database.dispose()
+
+
+async def test_the_appender_thread_outlives_a_cancelled_caller_and_refuses_work_once_closed(tmp_path: Path) -> None:
+    """The hand-off to the appender's thread: a caller that gives up does not lose the work already
+    started nor stop the thread; results and errors reach the right caller; closing is final."""
+    database = open_database(f"sqlite:///{tmp_path / 'ledger.db'}")
+    await upgrade_database(database)
+    appender = database.sqlite_appender
+    assert appender is not None
+    release = threading.Event()
+
+    def slow(conn: sqlite3.Connection) -> int:
+        release.wait(5)
+        conn.execute("CREATE TABLE finished_anyway (x)")
+        return 1
+
+    try:
+        waiting = asyncio.ensure_future(appender.transaction(slow))
+        await asyncio.sleep(0.05)  # the work has started on the thread
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        release.set()
+        names = await appender.transaction(lambda c: [r[0] for r in c.execute("SELECT name FROM sqlite_master")])
+        assert "finished_anyway" in names  # queued behind the cancelled work, which ran to its commit
+        with pytest.raises(ZeroDivisionError):
+            await appender.transaction(lambda c: 1 // 0)
+        assert (await append_events(database, call_events(1))).appended == 2
+    finally:
+        await database.dispose()
+    appender.close()  # a second close is harmless
+    with pytest.raises(RuntimeError, match="closed"):
+        await appender.transaction(lambda c: None)
