@@ -141,8 +141,7 @@ async def throughput(client: httpx.AsyncClient, base: str, streams: int, tokens:
 
     async def one(i: int) -> None:
         # Chunks counted in the raw bytes: decoding and splitting every line made this client the
-        # heaviest process on the box, and its share of the 2 cores raised the CPU the servers
-        # spent per chunk (the gateway's by about half, at 1,470 tokens a stream).
+        # heaviest process on the box, competing for the 2 cores with the servers it measures.
         tail = b""
         async with client.stream("POST", base + "/v1/chat/completions", json=chat(True, tokens, i)) as resp:
             async for data in resp.aiter_raw():
