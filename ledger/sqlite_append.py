@@ -72,7 +72,8 @@ class _ThreadConnection:
     Work reaches the thread through a plain queue and its result comes back to the event loop with
     one `call_soon_threadsafe`. `run_in_executor` on a `ThreadPoolExecutor` chained a
     `concurrent.futures.Future` to an asyncio one through a condition variable and callbacks on
-    both sides: about a tenth of the gateway's GIL time per non-stream call, two appends each.
+    both sides: ≈ 8% of the gateway's CPU per non-stream call, which appends twice
+    (docs/BENCHMARKS.md, Gateway, fifth session).
     """
 
     def __init__(self, path: str, synchronous: str, thread_name: str) -> None:
@@ -86,7 +87,8 @@ class _ThreadConnection:
         self._thread.start()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the thread; cancelling the caller does not stop work already started."""
+        """`fn(*args)` on the thread. Cancelling the caller does not stop the work, queued or started:
+        an append the caller gave up on may still commit, as one already running always could."""
         if self._closed:
             raise RuntimeError(f"{self._thread.name} is closed")
         loop = asyncio.get_running_loop()
@@ -105,6 +107,8 @@ class _ThreadConnection:
     def _serve(self) -> None:
         while (job := self._jobs.get()) is not None:
             fn, args, loop, future = job
+            if loop is None and not cast("Future[Any]", future).set_running_or_notify_cancel():
+                continue  # a `_submit` future cancelled while queued: skipped, as an executor would
             try:
                 result, error = fn(*args), None
             except BaseException as exc:  # handed to the caller, as an executor would
