@@ -61,6 +61,18 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
+class _Count(ProgressColumn):
+    """`done/total unit`, or `done unit` while the total is unknown (rich's format spec fails on None)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        total = "" if task.total is None else f"/{task.total:,.0f}"
+        return Text(f"{task.completed:,.0f}{total} {self.unit}")
+
+
 class _Rate(ProgressColumn):
     def __init__(self, unit: str) -> None:
         super().__init__()
@@ -76,7 +88,7 @@ def _progress(description: str, unit: str) -> Progress:
     return Progress(
         TextColumn(description),
         BarColumn(),
-        TextColumn("{task.completed:,.0f}/{task.total:,.0f} " + unit),
+        _Count(unit),
         _Rate(unit),
         TimeRemainingColumn(),
         console=console,
