@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from sqlalchemy import text
@@ -57,13 +57,17 @@ async def drop_work_tables(conn: AsyncConnection) -> None:
         await conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
 
 
-async def prepare_calls(conn: AsyncConnection, head: int, workdir: Path) -> None:
+async def prepare_calls(
+    conn: AsyncConnection, head: int, workdir: Path, progress: Callable[[int, int], None] | None = None
+) -> None:
     """Compute the row of every plain call up to `head` and the rest's positions, where `conn` reads them.
 
     Reads the ledger only (no write lock on SQLite); `insert_plain_calls` then copies the rows.
     PostgreSQL: the session's temp tables. SQLite: a child process writes them to a file in
     `workdir` (`_sqlite_prepare`), which `conn` attaches as `rebuild`; call it outside a
     transaction, and discard `conn` (or detach) before `workdir` goes.
+
+    `progress(events, head)` while SQLite's scans read the ledger (PostgreSQL: not called).
     """
     if conn.dialect.name == "postgresql":
         async with conn.begin():
@@ -73,14 +77,16 @@ async def prepare_calls(conn: AsyncConnection, head: int, workdir: Path) -> None
         return
     ledger = conn.engine.url.database
     assert ledger is not None
-    await _run_sqlite_prepare(ledger, workdir, head)
+    await _run_sqlite_prepare(ledger, workdir, head, progress)
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None
     cursor = await driver.execute("ATTACH DATABASE ? AS rebuild", (str(workdir / ROWS_FILE),))
     await cursor.close()
 
 
-async def _run_sqlite_prepare(ledger: str, workdir: Path, head: int) -> None:
+async def _run_sqlite_prepare(
+    ledger: str, workdir: Path, head: int, progress: Callable[[int, int], None] | None = None
+) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)}
     child = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -90,11 +96,22 @@ async def _run_sqlite_prepare(ledger: str, workdir: Path, head: int) -> None:
         str(workdir),
         str(head),
         stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
+
+    async def relay_progress(lines: asyncio.StreamReader) -> None:
+        """The child's `progress DONE TOTAL` lines (every position counted twice) as events of `head`."""
+        async for line in lines:
+            fields = line.split()
+            if progress is not None and len(fields) == 3 and fields[0] == b"progress":
+                progress(int(fields[1]) * head // max(1, int(fields[2])), head)
+
     try:
-        _, err = await child.communicate()
+        assert child.stdout is not None and child.stderr is not None
+        _, err = await asyncio.gather(relay_progress(child.stdout), child.stderr.read())
+        await child.wait()
     finally:
         if child.returncode is None:  # cancelled: the child must not outlive the load
             child.kill()

@@ -24,7 +24,16 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 
 from __future__ import annotations
 
-__all__ = ("ENDS_INDEX", "ENDS_SELECT", "ORPHANS_POSSIBLE", "ROWS_STATEMENTS", "STARTS_STATEMENTS", "rest_statements")
+__all__ = (
+    "ENDS_INDEX",
+    "ENDS_SELECT",
+    "NOTE_EVERY",
+    "NOTE_FUNCTION",
+    "ORPHANS_POSSIBLE",
+    "ROWS_STATEMENTS",
+    "STARTS_STATEMENTS",
+    "rest_statements",
+)
 
 
 def _ts(v: str) -> str:
@@ -43,6 +52,13 @@ def _j(path: str) -> str:
     return f"payload ->> '$.{path}'"
 
 
+NOTE_FUNCTION = "rebuild_note"
+"""A function of one argument, the position, that the scanning connection must define; always true."""
+NOTE_EVERY = 1024
+"""The scans call `NOTE_FUNCTION` on every position that is a multiple of this (a power of two), for progress."""
+# true for every row; on every `NOTE_EVERY`-th position also a call out, before the type is looked at
+_NOTE = f"(position & {NOTE_EVERY - 1} <> 0 OR {NOTE_FUNCTION}(position))"
+
 # Starts, and the few imports and retags (`started` = 0): any of those makes its call not plain.
 _STARTS = f"""
 CREATE TABLE work.rebuild_starts AS
@@ -57,7 +73,7 @@ FROM (
            json_type(payload, '$.tags') AS tags_type, {_j("model")} AS model,
            {_j("request_blob")} AS request_blob, {_j("received_at")} AS received_at
     FROM ledger_events
-    WHERE position <= :head AND +type IN ('call.started', 'call.imported', 'call.retagged')
+    WHERE position <= :head AND {_NOTE} AND +type IN ('call.started', 'call.imported', 'call.retagged')
     LIMIT -1
   ) LIMIT -1
 ) LIMIT -1
@@ -89,7 +105,7 @@ FROM (
              {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
              {_j("timings.finished")} AS t_finished
       FROM ledger_events
-      WHERE position BETWEEN :first AND :last AND +type IN ('call.finished', 'call.failed')
+      WHERE position BETWEEN :first AND :last AND {_NOTE} AND +type IN ('call.finished', 'call.failed')
       LIMIT -1
     ) LIMIT -1
   ) LIMIT -1

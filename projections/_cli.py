@@ -83,10 +83,10 @@ class _Rate(ProgressColumn):
         return Text(f"{speed:,.0f} {self.unit}/s" if speed else "")
 
 
-def _progress(description: str, unit: str) -> Progress:
+def _progress(unit: str) -> Progress:
     console = Console(stderr=True)
     return Progress(
-        TextColumn(description),
+        TextColumn("{task.description}", markup=False),  # a file name is not markup
         BarColumn(),
         _Count(unit),
         _Rate(unit),
@@ -100,6 +100,13 @@ def _progress(description: str, unit: str) -> Progress:
 def _advance(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
     def update(done: int, total: int) -> None:
         bar.update(task, completed=done, total=total)
+
+    return update
+
+
+def _stage(bar: Progress, task: TaskID, what: str) -> Callable[[str], None]:
+    def update(text: str) -> None:
+        bar.update(task, description=f"{what}: {text}", refresh=True)  # a step can outlast many refreshes
 
     return update
 
@@ -131,8 +138,8 @@ def import_command(args: argparse.Namespace) -> int:
         failed = False
         try:
             for name in args.files:
-                with _progress(f"import {name}", "bytes") as bar:
-                    task = bar.add_task(name, total=None)
+                with _progress("bytes") as bar:
+                    task = bar.add_task(f"import {name}", total=None)
                     try:
                         result = await import_file(
                             database,
@@ -193,14 +200,15 @@ def rebuild_command(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             for name in names:
-                with _progress(f"rebuild {name}", "events") as bar:
-                    task = bar.add_task(name, total=None)
+                with _progress("events") as bar:
+                    task = bar.add_task(f"rebuild {name}", total=None)
                     promoted = await rebuild_projection(
                         database,
                         name,
                         formula=args.formula if name == "calls" else None,
                         keep_old=args.keep_old,
                         progress=_advance(bar, task),
+                        stage=_stage(bar, task, f"rebuild {name}"),
                     )
                 print(
                     f"{name}: version {promoted.version} promoted at position {promoted.head_position} "

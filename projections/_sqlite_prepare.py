@@ -22,27 +22,36 @@ the other connection and was no faster than one.
 
 Work files are scratch: no journal, no fsync, a bounded page cache per connection (memory stays
 flat; SQLite spills to the files); the parent deletes the directory after the load.
+
+Progress: the scans call back into Python every `_bulk_sqlite.NOTE_EVERY` positions, and the
+child prints how far they have got on stdout (`ScanProgress`), a few lines a second, for the
+parent's progress bar: the scans are most of a large rebuild.
 """
 
 from __future__ import annotations
 
+import io
+import math
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import quote
 
 from projections._bulk_sqlite import (
     ENDS_INDEX,
     ENDS_SELECT,
+    NOTE_FUNCTION,
     ORPHANS_POSSIBLE,
     ROWS_STATEMENTS,
     STARTS_STATEMENTS,
     rest_statements,
 )
 
-__all__ = ("ROWS_FILE", "main", "prepare")
+__all__ = ("ROWS_FILE", "ScanProgress", "main", "prepare")
 
 ROWS_FILE = "rows.db"
 _CACHE = "-65536"  # KiB per connection and schema, as PRAGMA cache_size takes it
@@ -78,39 +87,84 @@ def _attach(conn: Any, path: Path, schema: str) -> None:
         conn.execute(f"PRAGMA {schema}.{pragma}")
 
 
-def _scan(driver: Any, ledger: str, work: Path, head: int, split: int, *, starts: bool) -> None:
+class ScanProgress:
+    """How far the two scans have got, printed as `progress DONE TOTAL` lines for the parent's progress bar.
+
+    Every position is passed twice, by the starts scan and by one of the ends scans, so TOTAL is
+    twice the head. A line goes out at most every `interval_s` (the first at once), and at `finish`.
+    """
+
+    def __init__(self, head: int, out: TextIO, interval_s: float = 0.2) -> None:
+        self.total = 2 * head
+        self.out = out
+        self.interval_s = interval_s
+        self._passed = [0, 0]  # per scan connection
+        self._lock = threading.Lock()
+        self._last = -math.inf
+
+    def note(self, scan: int, passed: int) -> None:
+        with self._lock:
+            self._passed[scan] = passed
+            now = time.monotonic()
+            if now - self._last >= self.interval_s:
+                self._last = now
+                self._print(sum(self._passed))
+
+    def finish(self) -> None:
+        with self._lock:
+            self._print(self.total)
+
+    def _print(self, done: int) -> None:
+        self.out.write(f"progress {done} {self.total}\n")
+        self.out.flush()
+
+
+def _scan(driver: Any, ledger: str, work: Path, head: int, split: int, progress: ScanProgress, *, starts: bool) -> None:
     """One scan connection: the ledger as `main` (read-only), `work` its own file.
 
     With `starts`: the starts scan, then the ends after position `split` (`rebuild_ends_tail`);
     else the ends up to `split` (`rebuild_ends`).
     """
     conn = _connect(driver, ledger, read_only=True)
+    scan = 0 if starts else 1
+    passed_before = 0  # positions this connection passed in its earlier statements
+
+    def note(position: int) -> int:
+        progress.note(scan, passed_before + position - first + 1)
+        return 1
+
     try:
+        conn.create_function(NOTE_FUNCTION, 1, note)
         _attach(conn, work, "work")
         conn.execute("BEGIN")  # one read snapshot for the whole scan
         if starts:
+            first = 1
             for statement in STARTS_STATEMENTS:
                 conn.execute(statement, {"head": head})
-            conn.execute(f"CREATE TABLE work.rebuild_ends_tail AS {ENDS_SELECT}", {"first": split + 1, "last": head})
+            passed_before, first = head, split + 1
+            conn.execute(f"CREATE TABLE work.rebuild_ends_tail AS {ENDS_SELECT}", {"first": first, "last": head})
         else:
-            conn.execute(f"CREATE TABLE work.rebuild_ends AS {ENDS_SELECT}", {"first": 1, "last": split})
+            first = 1
+            conn.execute(f"CREATE TABLE work.rebuild_ends AS {ENDS_SELECT}", {"first": first, "last": split})
         conn.execute("COMMIT")
     finally:
         conn.close()
 
 
-def prepare(ledger: str, workdir: Path, head: int) -> Path:
+def prepare(ledger: str, workdir: Path, head: int, progress: ScanProgress | None = None) -> Path:
     """Write `rebuild_rows` and `rebuild_rest` for every call event up to `head` into `workdir`/rows.db."""
     driver = _driver()
     starts, ends, rows = workdir / "starts.db", workdir / "ends.db", workdir / ROWS_FILE
     split = round(head * _ENDS_FIRST_SHARE)
+    scanned = progress or ScanProgress(head, io.StringIO())
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rebuild-scan") as pool:
         scans = [
-            pool.submit(_scan, driver, ledger, ends, head, split, starts=False),
-            pool.submit(_scan, driver, ledger, starts, head, split, starts=True),
+            pool.submit(_scan, driver, ledger, ends, head, split, scanned, starts=False),
+            pool.submit(_scan, driver, ledger, starts, head, split, scanned, starts=True),
         ]
         for scan in scans:
             scan.result()
+    scanned.finish()
     conn = _connect(driver, str(rows), read_only=False)
     try:
         for pragma in ("journal_mode = OFF", "synchronous = OFF"):
@@ -136,7 +190,7 @@ def prepare(ledger: str, workdir: Path, head: int) -> Path:
 def main(argv: Sequence[str]) -> int:
     ledger, workdir, head = argv
     try:
-        prepare(ledger, Path(workdir), int(head))
+        prepare(ledger, Path(workdir), int(head), ScanProgress(int(head), sys.stdout))
     except Exception as exc:  # the parent reports it with the ledger's URL
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

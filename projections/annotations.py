@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -79,7 +79,9 @@ class AnnotationsProjection:
         params = [tuple(sqlite_bind(row[name]) for name in _COLUMNS) for row in rows]
         return lambda conn: conn.executemany(_SQLITE_INSERT, params) if params else None
 
-    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
+    async def prepare(
+        self, conn: AsyncConnection, head: int, workdir: Path, progress: Callable[[int, int], None] | None = None
+    ) -> None:
         return None
 
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -239,8 +239,10 @@ class CallsProjection:
                 rows.append(row)
         return rows
 
-    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None:
-        await prepare_calls(conn, head, workdir)
+    async def prepare(
+        self, conn: AsyncConnection, head: int, workdir: Path, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        await prepare_calls(conn, head, workdir, progress)
 
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
         """Fill an empty `version` with every call event up to `head`: plain calls in SQL, the rest folded here."""

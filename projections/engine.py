@@ -46,6 +46,7 @@ __all__ = (
     "Progress",
     "Projection",
     "ProjectionStatus",
+    "Stage",
     "catch_up",
     "catch_up_all",
     "follow_projections",
@@ -58,6 +59,8 @@ __all__ = (
 )
 
 Progress = Callable[[int, int], None]
+Stage = Callable[[str], None]
+"""Told what a rebuild is doing now, in a few words (`ledger rebuild` shows it beside the bar)."""
 _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 
 
@@ -70,7 +73,9 @@ class Projection(Protocol):
     ) -> list[dict[str, Any]]: ...
     async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None: ...
     def sqlite_write(self, rows: list[dict[str, Any]]) -> SqliteWrite: ...
-    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path) -> None: ...
+    async def prepare(
+        self, conn: AsyncConnection, head: int, workdir: Path, progress: Progress | None = None
+    ) -> None: ...
     async def load(self, conn: AsyncConnection, version: int, head: int) -> None: ...
     async def digest(self, conn: AsyncConnection, version: int) -> str: ...
     async def drop(self, conn: AsyncConnection, version: int) -> None: ...
@@ -247,7 +252,14 @@ def _write_sqlite(
 _SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
 
 
-async def load_version(database: Database, name: str, version: int, head: int) -> None:
+async def load_version(
+    database: Database,
+    name: str,
+    version: int,
+    head: int,
+    progress: Progress | None = None,
+    stage: Stage | None = None,
+) -> None:
     """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
 
     The projection first reads what it needs (`prepare`, outside any transaction, no write lock;
@@ -264,7 +276,9 @@ async def load_version(database: Database, name: str, version: int, head: int) -
                 for pragma in _SQLITE_LOAD_PRAGMAS:
                     await conn.exec_driver_sql(pragma)
                 await conn.commit()
-            await projection.prepare(conn, head, Path(workdir))
+            await projection.prepare(conn, head, Path(workdir), progress)
+            if stage is not None:
+                stage(f"writing version {version}")
             await conn.execution_options(**{WRITER_OPTION: True})
             async with conn.begin():
                 if await _checkpoint(conn, name, version, lock=True) != 0:
@@ -289,10 +303,22 @@ async def rebuild_projection(
     formula: str | None = None,
     page_size: int = 20_000,
     progress: Progress | None = None,
+    stage: Stage | None = None,
     keep_old: bool = False,
 ) -> ProjectionPromoted:
-    """Rebuild `name` from position 0 into a new version beside the live one, then promote it."""
+    """Rebuild `name` from position 0 into a new version beside the live one, then promote it.
+
+    `progress(events, head)` while the events are read; `stage(text)` as each step begins.
+    """
     projection = _projection(name)
+    say = stage or (lambda _text: None)
+
+    def reading(done: int, total: int) -> None:
+        if progress is not None:
+            progress(done, total)
+        if done >= total:
+            say("preparing rows")  # every event read; what the load does with them takes a while yet
+
     if formula is not None:
         get_formula(formula)
     live = await _ensure_pointer(database, name)
@@ -305,8 +331,9 @@ async def rebuild_projection(
         await projection.drop(conn, new_version)
         await _write_checkpoint(conn, name, new_version, 0)
         head = await head_position(conn)
+    say("reading events")
     try:
-        await load_version(database, name, new_version, head)
+        await load_version(database, name, new_version, head, reading, say)
     except _Moved:  # another runner is filling this version already; catch up alongside it
         pass
     except LedgerError:
@@ -315,7 +342,9 @@ async def rebuild_projection(
         raise translate_db_error(exc, database) from exc
     if progress is not None:
         progress(head, head)
+    say("catching up")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
+    say(f"digest and promotion of version {new_version}")
     promoted = await promote_version(database, name, new_version, formula or current_formula)
     if not keep_old:
         async with database.engine.begin() as conn:
@@ -327,6 +356,7 @@ async def rebuild_projection(
                 )
             ).scalars()
             for old in list(stale):
+                say(f"removing version {old}")
                 await projection.drop(conn, old)
                 await conn.execute(
                     checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == old)

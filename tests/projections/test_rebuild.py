@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from ledger.db import Database
+from ledger.db import Database, open_database
 from ledger.events import (
     CallFailed,
     CallFinished,
@@ -27,6 +27,7 @@ from ledger.events import (
     new_event,
     utc_now,
 )
+from ledger.migrate import upgrade_database
 from ledger.read import head_position, iter_events
 from ledger.schema import checkpoints
 from projections._bulk import insert_plain_calls, prepare_calls
@@ -388,3 +389,36 @@ async def test_dropping_a_version_leaves_the_connection_as_it_was(database: Data
         await PROJECTIONS["calls"].drop(conn, 1)
         assert (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one() == before
         assert (await conn.execute(select(calls.c.call_id).where(calls.c.version == 1))).first() is None
+
+
+async def test_a_sqlite_rebuild_reports_progress_while_its_scans_read_the_ledger(tmp_path: Path) -> None:
+    """The bulk load's scans run in a child process for most of a large rebuild; their progress
+    reaches the caller (the bar of `ledger rebuild`) as it goes, not only once they are done."""
+    database = open_database(f"sqlite:///{tmp_path / 'ledger.db'}")
+    await upgrade_database(database)
+    try:
+        calls = 1_500  # 3,000 positions: the scans call out at positions 1,024 and 2,048
+        for first in range(0, calls, 500):
+            batch = [started(f"c{i:05d}", i) for i in range(first, first + 500)]
+            await append(database, *batch, *(finished(f"c{i:05d}", i, i + 1) for i in range(first, first + 500)))
+        seen: list[tuple[int, int]] = []
+        steps: list[str] = []
+        promoted = await rebuild_projection(
+            database, "calls", progress=lambda done, total: seen.append((done, total)), stage=steps.append
+        )
+        head = 2 * calls
+        assert promoted.head_position == head
+        version = promoted.version
+        assert steps == [
+            "reading events",
+            "preparing rows",
+            f"writing version {version}",
+            "catching up",
+            f"digest and promotion of version {version}",
+        ]
+        scanning = seen[: seen.index((head, head))]
+        assert scanning and all(total == head for _, total in scanning)
+        assert all(0 < done < head for done, _ in scanning)
+        assert [done for done, _ in scanning] == sorted(done for done, _ in scanning)
+    finally:
+        await database.dispose()

@@ -56,6 +56,12 @@ def test_import_and_rebuild_draw_their_progress_bars_on_a_terminal(backend_url: 
 
     code, out = on_terminal("rebuild", "--db", backend_url)
     assert code == 0, out
-    assert "rebuild calls" in out
+    for step in ("reading events", "writing version", "catching up", "digest and promotion of version"):
+        assert f"rebuild calls: {step}" in out  # each step shown as it began
+    assert "Traceback" not in out
+
+    code, out = on_terminal("rebuild", "calls", "--db", backend_url)  # now there is a version to remove
+    assert code == 0, out
+    assert "rebuild calls: removing version" in out
     assert re.search(r"calls: version \d+ promoted at position \d+", out)
     assert "Traceback" not in out
