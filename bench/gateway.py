@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import json
 import os
 import random
@@ -40,6 +39,7 @@ from pathlib import Path
 
 import httpx
 
+from ledger.heap import freeze_startup_heap
 from usage_ledger.processes import free_port
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
@@ -232,8 +232,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             await latency(targets, 50)
             # this client's own start-up objects out of GC scans: a full collection of them stalled
             # whichever call was being timed for ~40 ms (the servers do the same when they start)
-            gc.collect()
-            gc.freeze()
+            freeze_startup_heap()
             fsync_before = fsync_ms(tmp)
             rounds = []
             cpu_total, chunks_total = 0.0, 0

@@ -72,8 +72,8 @@ class _ThreadConnection:
     Work reaches the thread through a plain queue and its result comes back to the event loop with
     one `call_soon_threadsafe`. `run_in_executor` on a `ThreadPoolExecutor` chained a
     `concurrent.futures.Future` to an asyncio one through a condition variable and callbacks on
-    both sides: ≈ 8% of the gateway's CPU per non-stream call, which appends twice
-    (docs/BENCHMARKS.md, Gateway, fifth session).
+    both sides: ≈ 8% of the gateway's CPU per non-stream call, which appends twice (an estimate
+    from a throwaway driver, not a project command: docs/BENCHMARKS.md, Gateway, fifth session).
     """
 
     def __init__(self, path: str, synchronous: str, thread_name: str) -> None:

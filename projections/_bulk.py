@@ -102,11 +102,11 @@ async def _run_sqlite_prepare(
     )
 
     async def relay_progress(lines: asyncio.StreamReader) -> None:
-        """The child's `progress DONE TOTAL` lines (every position counted twice) as events of `head`."""
+        """The child's `progress EVENTS HEAD` lines, to `progress`."""
         async for line in lines:
             fields = line.split()
             if progress is not None and len(fields) == 3 and fields[0] == b"progress":
-                progress(int(fields[1]) * head // max(1, int(fields[2])), head)
+                progress(int(fields[1]), int(fields[2]))
 
     try:
         assert child.stdout is not None and child.stderr is not None

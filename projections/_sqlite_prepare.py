@@ -88,14 +88,15 @@ def _attach(conn: Any, path: Path, schema: str) -> None:
 
 
 class ScanProgress:
-    """How far the two scans have got, printed as `progress DONE TOTAL` lines for the parent's progress bar.
+    """How far the two scans have got, printed as `progress EVENTS HEAD` lines for the parent's progress bar.
 
-    Every position is passed twice, by the starts scan and by one of the ends scans, so TOTAL is
-    twice the head. A line goes out at most every `interval_s` (the first at once), and at `finish`.
+    Every position is passed twice, by the starts scan and by one of the ends scans: EVENTS is half
+    the positions passed. A line goes out at most every `interval_s` (the first at once), and at
+    `finish`.
     """
 
     def __init__(self, head: int, out: TextIO, interval_s: float = 0.2) -> None:
-        self.total = 2 * head
+        self.head = head
         self.out = out
         self.interval_s = interval_s
         self._passed = [0, 0]  # per scan connection
@@ -112,10 +113,10 @@ class ScanProgress:
 
     def finish(self) -> None:
         with self._lock:
-            self._print(self.total)
+            self._print(2 * self.head)
 
-    def _print(self, done: int) -> None:
-        self.out.write(f"progress {done} {self.total}\n")
+    def _print(self, passed: int) -> None:
+        self.out.write(f"progress {passed // 2} {self.head}\n")
         self.out.flush()
 
 
