@@ -68,7 +68,9 @@ def _demo(args: argparse.Namespace) -> int:
         keep_running=args.keep_running,
     )
     os.environ.setdefault("LEDGER_LOG_LEVEL", "warning")
-    return ledger_commands.run_command(lambda: run_demo(options, Console()))
+    # Off a terminal (a pipe, a CI log) rich assumes 80 columns, and the run names were cut to "moe-2…".
+    console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
+    return ledger_commands.run_command(lambda: run_demo(options, console))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
