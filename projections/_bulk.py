@@ -23,7 +23,9 @@ INSERT and folded in Python afterwards; the digest property test holds the two p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -33,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.errors import LedgerError
 from projections._bulk_pg import PG_STATEMENTS
-from projections._sqlite_prepare import ROWS_FILE
+from projections._sqlite_prepare import ROWS_FILES
 from projections.tables import calls
 
 __all__ = ("drop_work_tables", "insert_plain_calls", "prepare_calls", "remaining_positions")
@@ -44,6 +46,8 @@ _COPIED = ", ".join(c.name for c in calls.columns if c.name != "version")
 # where this package was imported from: the child process imports the same code
 _ROOT = str(Path(__file__).resolve().parent.parent)
 
+_SQLITE_ROWS = ("rebuild", "rebuild_upper")
+"""The schemas `ROWS_FILES` are attached as, in order."""
 _WORK_TABLES = (
     "rebuild_rows",
     "rebuild_rest",
@@ -63,8 +67,8 @@ async def prepare_calls(
     """Compute the row of every plain call up to `head` and the rest's positions, where `conn` reads them.
 
     Reads the ledger only (no write lock on SQLite); `insert_plain_calls` then copies the rows.
-    PostgreSQL: the session's temp tables. SQLite: a child process writes them to a file in
-    `workdir` (`_sqlite_prepare`), which `conn` attaches as `rebuild`; call it outside a
+    PostgreSQL: the session's temp tables. SQLite: a child process writes them to two files in
+    `workdir` (`_sqlite_prepare`), which `conn` attaches as `_SQLITE_ROWS`; call it outside a
     transaction, and discard `conn` (or detach) before `workdir` goes.
 
     `progress(events, head)` while SQLite's scans read the ledger (PostgreSQL: not called).
@@ -80,8 +84,9 @@ async def prepare_calls(
     await _run_sqlite_prepare(ledger, workdir, head, progress)
     driver = (await conn.get_raw_connection()).driver_connection
     assert driver is not None
-    cursor = await driver.execute("ATTACH DATABASE ? AS rebuild", (str(workdir / ROWS_FILE),))
-    await cursor.close()
+    for schema, name in zip(_SQLITE_ROWS, ROWS_FILES, strict=True):
+        cursor = await driver.execute(f"ATTACH DATABASE ? AS {schema}", (str(workdir / name),))
+        await cursor.close()
 
 
 async def _run_sqlite_prepare(
@@ -99,6 +104,7 @@ async def _run_sqlite_prepare(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,
+        start_new_session=True,  # its own process group, with the worker processes it starts
     )
 
     async def relay_progress(lines: asyncio.StreamReader) -> None:
@@ -113,8 +119,9 @@ async def _run_sqlite_prepare(
         _, err = await asyncio.gather(relay_progress(child.stdout), child.stderr.read())
         await child.wait()
     finally:
-        if child.returncode is None:  # cancelled: the child must not outlive the load
-            child.kill()
+        if child.returncode is None:  # cancelled: neither the child nor its workers may outlive the load
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
             await child.wait()
     if child.returncode != 0:
         reason = err.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {child.returncode}"]
@@ -123,10 +130,16 @@ async def _run_sqlite_prepare(
 
 async def insert_plain_calls(conn: AsyncConnection, version: int) -> int:
     """Insert the prepared row of every plain call into `version`; returns how many."""
-    order = "call_id" if conn.dialect.name == "postgresql" else "rowid"  # SQLite wrote them in call-id order
-    select_ = f"SELECT :version, {_COPIED} FROM rebuild_rows WHERE plain ORDER BY {order}"
-    result = await conn.execute(text(f"INSERT INTO {calls.name} (version, {_COPIED}) {select_}"), {"version": version})
-    return int(result.rowcount or 0)
+    if conn.dialect.name == "postgresql":
+        sources = [("rebuild_rows", "call_id")]
+    else:  # SQLite wrote each half in call-id order, the lower half first
+        sources = [(f"{schema}.rebuild_rows", "rowid") for schema in _SQLITE_ROWS]
+    inserted = 0
+    for table, order in sources:
+        select_ = f"SELECT :version, {_COPIED} FROM {table} WHERE plain ORDER BY {order}"
+        statement = text(f"INSERT INTO {calls.name} (version, {_COPIED}) {select_}")
+        inserted += int((await conn.execute(statement, {"version": version})).rowcount or 0)
+    return inserted
 
 
 async def remaining_positions(conn: AsyncConnection) -> AsyncIterator[list[int]]:

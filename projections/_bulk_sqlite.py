@@ -3,10 +3,12 @@
     ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json, typed──► work rebuild_starts
         (one scan each,   └─ call.finished / call.failed ──json, typed──► work rebuild_ends
          position order)
-    starts in call-id order ⟕ their end (index on call id) ──► rebuild_rows (+ `plain` flag)
+    starts in call-id order ⟕ their end (index on call id) ──► rebuild_rows (+ `plain` flag), in two
+                                                               halves by call id, a file each
     every call that is not plain ──► rebuild_rest (positions, for the Python fold)
 
-`_sqlite_prepare` runs them in a child process, the scans on two connections into work files of their own.
+`_sqlite_prepare` runs them in a child process: the scans on two connections, the halves of the
+rows on two processes, each into a work file of its own.
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
@@ -30,9 +32,11 @@ __all__ = (
     "NOTE_EVERY",
     "NOTE_FUNCTION",
     "ORPHANS_POSSIBLE",
-    "ROWS_STATEMENTS",
+    "REPEATED_STATEMENTS",
+    "ROWS_PARTS",
     "STARTS_STATEMENTS",
     "rest_statements",
+    "rows_statement",
 )
 
 
@@ -112,7 +116,8 @@ FROM (
 ) LIMIT -1
 """
 
-# One row per start (two if it has two ends), in call-id order; only `plain` rows are copied.
+# One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{part}`:
+# which starts, by call id (`ROWS_PARTS`); the other half's rows go to a file of their own.
 _ROWS = """
 CREATE TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
@@ -136,7 +141,7 @@ FROM (
          AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))
          AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  WHERE s.cid IS NOT NULL AND s.started
+  WHERE s.cid IS NOT NULL AND s.started {part}
   ORDER BY s.cid
   LIMIT -1
 )
@@ -152,6 +157,7 @@ SELECT row_number() OVER () AS k,
         )) AS positions
 FROM (
   SELECT call_id AS cid FROM rebuild_rows WHERE NOT plain
+  UNION SELECT call_id FROM u.rebuild_rows WHERE NOT plain
   UNION SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL
   {orphans}
 ) ids
@@ -159,31 +165,47 @@ FROM (
 _ORPHANS = "UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)"
 
 # Whether an end may lack a start (a look-up per end finds them). None can when no call id has two
-# starts and every end is in a row of `rebuild_rows`: there each end meets its call's one start.
+# starts and every end is in a row of `rebuild_rows` (either half): there each end meets its call's one start.
 ORPHANS_POSSIBLE = """
 SELECT EXISTS (SELECT 1 FROM rebuild_repeated_starts)
-       OR (SELECT count(*) FROM rebuild_ends) <> (SELECT count(*) FROM rebuild_rows WHERE status <> 'incomplete')
+       OR (SELECT count(*) FROM rebuild_ends)
+          <> (SELECT count(*) FROM rebuild_rows WHERE status <> 'incomplete')
+             + (SELECT count(*) FROM u.rebuild_rows WHERE status <> 'incomplete')
 """
 
 
+def rows_statement(part: str) -> str:
+    """`rebuild_rows` for one of `ROWS_PARTS` (`:split` the call id between the halves)."""
+    return _ROWS.format(part=ROWS_PARTS[part])
+
+
 def rest_statements(*, orphans: bool) -> tuple[str, ...]:
-    """Every call that is not plain, with the positions of its events (`orphans`: look for ends without a start)."""
+    """Every call that is not plain, with the positions of its events (`orphans`: look for ends without a start).
+
+    On a connection whose `main` holds the lower half's `rebuild_rows`, the upper half's attached as `u`.
+    """
     return (_REST.format(orphans=_ORPHANS if orphans else ""), "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")
 
 
 # Call ids with more than one start (or retag, import) or more than one end: never plain. Found once
 # in the cid indexes rather than counted per row; NULL ids are left out (`NOT IN` a list holding a
-# NULL is never true), and a NULL id is not plain anyway.
-_REPEATED = (
-    "CREATE TABLE rebuild_repeated_starts AS "
-    "SELECT cid FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
-    "CREATE TABLE rebuild_repeated_ends AS "
-    "SELECT cid FROM rebuild_ends WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
+# NULL is never true), and a NULL id is not plain anyway. Written beside the tables they come from,
+# which both halves of the rows read.
+REPEATED_STATEMENTS = (
+    "CREATE TABLE s.rebuild_repeated_starts AS "
+    "SELECT cid FROM s.rebuild_starts WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
+    "CREATE TABLE e.rebuild_repeated_ends AS "
+    "SELECT cid FROM e.rebuild_ends WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
 )
+ROWS_PARTS = {
+    "lower": "AND s.cid < :split",
+    "upper": "AND s.cid >= :split",
+    "all": "",
+    "none": "AND 0",
+}
+"""The starts whose rows a half writes: below and from `:split`, or all of them and none (a ledger too
+small to split, whose upper half is empty)."""
 
 # The starts scan on its own connection, into its own work file attached as `work` (the ledger is `main`).
 STARTS_STATEMENTS: tuple[str, ...] = (_STARTS, "CREATE INDEX work.rebuild_starts_cid ON rebuild_starts (cid)")
 ENDS_INDEX = "CREATE INDEX e.rebuild_ends_cid ON rebuild_ends (cid)"
-# On a connection whose `main` is the rows file, with the starts file attached as `s`, the ends file
-# as `e` (its index built); then `rest_statements`.
-ROWS_STATEMENTS: tuple[str, ...] = (*_REPEATED, _ROWS)

@@ -1,10 +1,13 @@
 """The read-only half of the SQLite bulk calls load, in a child process with a current SQLite.
 
     parent: prepare_calls ── python -m projections._sqlite_prepare LEDGER WORKDIR HEAD ──► child
-    child:  ledger (read-only) ─┬─ starts, then ends after `split` ──► WORKDIR/starts.db ┐ two threads,
-                                └─ ends up to `split`               ──► WORKDIR/ends.db   ┘ two connections
+    child:  ledger (read-only) ─┬─ starts, then ends after `split` ──► WORKDIR/starts.db ┐ two workers
+                                └─ ends up to `split`               ──► WORKDIR/ends.db   ┘
             the ends in starts.db appended to those in ends.db, indexed
-            starts ⟕ ends ──► WORKDIR/rows.db (rebuild_rows, rebuild_rest) ◄── ATTACHed by the parent for the copy
+            starts ⟕ ends, call ids below the median ──► WORKDIR/rows.db (rebuild_rows) ┐ the same two
+                           from the median on     ──► WORKDIR/rows_upper.db          ┘ workers
+            the calls left to the Python fold ──► WORKDIR/rows.db (rebuild_rest)
+            rows.db and rows_upper.db ◄── ATTACHed by the parent for the copy, in that order
 
 Why a child process: the JSON scans are most of a rebuild, and SQLite's JSON functions got much
 faster in 3.45; the standard library links the system's SQLite (3.40 on Debian 12), so the child
@@ -13,12 +16,21 @@ copies in one process must never open the same database file (closing one's file
 the POSIX locks the other holds: <https://sqlite.org/howtocorrupt.html>, "Multiple copies of SQLite
 linked into the same application"). In its own process it is just another reader, and it opens
 the ledger read-only. Without the wheel the child runs the same statements on the standard library's
-`sqlite3`. The scans share nothing, so they run on two connections at once (SQLite releases the
-GIL while it works). The ends cost more to scan than the starts, so the starts connection also
+`sqlite3`. The scans share nothing, so they run on two connections at once. The ends cost more
+to scan than the starts, so the starts connection also
 scans the ends of the last positions (`_ENDS_FIRST_SHARE`); that part is appended to the rest
 before the ends are indexed. One statement per table and connection: `CREATE TABLE … AS` runs on
 both connections at once, an `INSERT … SELECT` per range of positions (tried) took turns with
 the other connection and was no faster than one.
+
+The rows are written in two halves by call id, each its own statement into its own file.
+
+The two workers are processes (spawned) from `PROCESSES_FROM` positions on. SQLite releases the GIL
+while it works, yet two statements on two threads of one process got in each other's way: at 1M
+calls (by hand, estimates) the scans took 7.0–7.9 s on threads and 6.4–6.7 s on processes, the
+halves of the rows 1.5–3.0 s on threads and 1.1 s on processes, against 2.0 s for the whole on
+one. Below that size the scans run on two threads and the halves here, one after the other: a
+process costs more than it saves.
 
 Work files are scratch: no journal, no fsync, a bounded page cache per connection (memory stays
 flat; SQLite spills to the files); the parent deletes the directory after the load.
@@ -32,11 +44,12 @@ from __future__ import annotations
 
 import io
 import math
+import multiprocessing
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TextIO
 from urllib.parse import quote
@@ -46,14 +59,18 @@ from projections._bulk_sqlite import (
     ENDS_SELECT,
     NOTE_FUNCTION,
     ORPHANS_POSSIBLE,
-    ROWS_STATEMENTS,
+    REPEATED_STATEMENTS,
     STARTS_STATEMENTS,
     rest_statements,
+    rows_statement,
 )
 
-__all__ = ("ROWS_FILE", "ScanProgress", "main", "prepare")
+__all__ = ("PROCESSES_FROM", "ROWS_FILES", "ScanProgress", "main", "prepare")
 
-ROWS_FILE = "rows.db"
+ROWS_FILES = ("rows.db", "rows_upper.db")
+"""The work files holding `rebuild_rows`, lower call ids first; the first holds `rebuild_rest` too."""
+PROCESSES_FROM = 200_000
+"""Positions from which the scans and the halves of the rows run on two processes instead of here."""
 _CACHE = "-65536"  # KiB per connection and schema, as PRAGMA cache_size takes it
 _ENDS_FIRST_SHARE = 0.8
 """The share of positions whose ends the ends connection scans; the starts connection scans the ends
@@ -104,8 +121,13 @@ class ScanProgress:
         self._last = -math.inf
 
     def note(self, scan: int, passed: int) -> None:
+        self.update({scan: passed})
+
+    def update(self, passed: dict[int, int]) -> None:
+        """How many positions each scan in `passed` (by number) has passed."""
         with self._lock:
-            self._passed[scan] = passed
+            for scan, count in passed.items():
+                self._passed[scan] = count
             now = time.monotonic()
             if now - self._last >= self.interval_s:
                 self._last = now
@@ -120,18 +142,33 @@ class ScanProgress:
         self.out.flush()
 
 
-def _scan(driver: Any, ledger: str, work: Path, head: int, split: int, progress: ScanProgress, *, starts: bool) -> None:
+_shared_notes: Any = None
+"""In a worker process: where its scan notes how far it got (`_share_notes`; one slot per scan)."""
+
+
+def _share_notes(slots: Any) -> None:
+    """A worker process's initializer: the shared array the scans note their progress in."""
+    global _shared_notes
+    _shared_notes = slots
+
+
+def _scan(ledger: str, work: Path, head: int, split: int, progress: ScanProgress | None, *, starts: bool) -> None:
     """One scan connection: the ledger as `main` (read-only), `work` its own file.
 
     With `starts`: the starts scan, then the ends after position `split` (`rebuild_ends_tail`);
-    else the ends up to `split` (`rebuild_ends`).
+    else the ends up to `split` (`rebuild_ends`). How far it got goes to `progress`, or in a worker
+    process (`progress` None) to the shared slots.
     """
-    conn = _connect(driver, ledger, read_only=True)
+    conn = _connect(_driver(), ledger, read_only=True)
     scan = 0 if starts else 1
     passed_before = 0  # positions this connection passed in its earlier statements
 
     def note(position: int) -> int:
-        progress.note(scan, passed_before + position - first + 1)
+        passed = passed_before + position - first + 1
+        if progress is None:
+            _shared_notes[scan] = passed
+        else:
+            progress.note(scan, passed)
         return 1
 
     try:
@@ -152,20 +189,75 @@ def _scan(driver: Any, ledger: str, work: Path, head: int, split: int, progress:
         conn.close()
 
 
-def prepare(ledger: str, workdir: Path, head: int, progress: ScanProgress | None = None) -> Path:
-    """Write `rebuild_rows` and `rebuild_rest` for every call event up to `head` into `workdir`/rows.db."""
-    driver = _driver()
-    starts, ends, rows = workdir / "starts.db", workdir / "ends.db", workdir / ROWS_FILE
+def _write_rows(rows: str, starts: str, ends: str, part: str, split: str | None) -> None:
+    """One half of `rebuild_rows` (`part` of `ROWS_PARTS`) into the work file `rows`, on its own connection."""
+    conn = _connect(_driver(), rows, read_only=False)
+    try:
+        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
+            conn.execute(f"PRAGMA {pragma}")
+        _attach(conn, Path(starts), "s")
+        _attach(conn, Path(ends), "e")
+        conn.execute("BEGIN")
+        conn.execute(rows_statement(part), {"split": split})
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _scan_both(
+    pool: Executor, ledger: str, files: tuple[Path, Path], head: int, progress: ScanProgress, slots: Any
+) -> None:
+    """Both scans on `pool`, `progress` told how far they got (from `slots` when they run on processes)."""
     split = round(head * _ENDS_FIRST_SHARE)
-    scanned = progress or ScanProgress(head, io.StringIO())
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rebuild-scan") as pool:
-        scans = [
-            pool.submit(_scan, driver, ledger, ends, head, split, scanned, starts=False),
-            pool.submit(_scan, driver, ledger, starts, head, split, scanned, starts=True),
-        ]
-        for scan in scans:
-            scan.result()
-    scanned.finish()
+    starts, ends = files
+    mine = None if slots is not None else progress
+    scans = [
+        pool.submit(_scan, ledger, ends, head, split, mine, starts=False),
+        pool.submit(_scan, ledger, starts, head, split, mine, starts=True),
+    ]
+    while slots is not None:
+        _, pending = wait(scans, timeout=max(progress.interval_s, 0.01))
+        progress.update({0: slots[0], 1: slots[1]})
+        if not pending:
+            break
+    for scan in scans:
+        scan.result()
+    progress.finish()
+
+
+def prepare(
+    ledger: str,
+    workdir: Path,
+    head: int,
+    progress: ScanProgress | None = None,
+    *,
+    processes_from: int = PROCESSES_FROM,
+) -> tuple[Path, Path]:
+    """Write `rebuild_rows` (in two halves, `ROWS_FILES`) and `rebuild_rest` for every call event up to `head`."""
+    driver = _driver()
+    starts, ends = workdir / "starts.db", workdir / "ends.db"
+    rows, upper = (workdir / name for name in ROWS_FILES)
+    pool: Executor
+    if head >= processes_from:
+        # spawn: fresh interpreters, nothing inherited from this process's threads and connections
+        context = multiprocessing.get_context("spawn")
+        slots = context.Array("q", 2, lock=False)
+        pool = ProcessPoolExecutor(2, mp_context=context, initializer=_share_notes, initargs=(slots,))
+    else:
+        slots = None
+        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rebuild-scan")
+    with pool:
+        _scan_both(pool, ledger, (starts, ends), head, progress or ScanProgress(head, io.StringIO()), slots)
+        _index_ends(driver, rows, starts, ends)
+        _write_halves(pool if slots is not None else None, driver, (rows, upper), starts, ends)
+    _write_rest(driver, (rows, upper), starts, ends)
+    starts.unlink()
+    ends.unlink()
+    return rows, upper
+
+
+def _index_ends(driver: Any, rows: Path, starts: Path, ends: Path) -> None:
+    """The ends in one table, indexed; the call ids that repeat, beside the tables they come from."""
     conn = _connect(driver, str(rows), read_only=False)
     try:
         for pragma in ("journal_mode = OFF", "synchronous = OFF"):
@@ -176,16 +268,51 @@ def prepare(ledger: str, workdir: Path, head: int, progress: ScanProgress | None
         # the same columns; indexed once, after the append
         conn.execute("INSERT INTO e.rebuild_ends SELECT * FROM s.rebuild_ends_tail")
         conn.execute(ENDS_INDEX)
-        for statement in ROWS_STATEMENTS:
+        for statement in REPEATED_STATEMENTS:
             conn.execute(statement)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def _write_halves(pool: Executor | None, driver: Any, files: tuple[Path, Path], starts: Path, ends: Path) -> None:
+    """`rebuild_rows` in two halves by call id, one to each of `files`: on `pool`'s processes, else here."""
+    conn = _connect(driver, str(starts), read_only=True)
+    try:
+        count = conn.execute("SELECT count(*) FROM rebuild_starts WHERE cid IS NOT NULL").fetchone()[0]
+        median = conn.execute(
+            "SELECT cid FROM rebuild_starts WHERE cid IS NOT NULL ORDER BY cid LIMIT 1 OFFSET ?", (count // 2,)
+        ).fetchone()
+    finally:
+        conn.close()
+    lower, upper = (str(path) for path in files)
+    halves = [(lower, "all", None), (upper, "none", None)]  # no start with a call id: nothing to split
+    if median is not None:
+        halves = [(lower, "lower", median[0]), (upper, "upper", median[0])]
+    if pool is None:
+        for path, part, split in halves:
+            _write_rows(path, str(starts), str(ends), part, split)
+        return
+    written = [pool.submit(_write_rows, path, str(starts), str(ends), part, split) for path, part, split in halves]
+    for half in written:
+        half.result()
+
+
+def _write_rest(driver: Any, files: tuple[Path, Path], starts: Path, ends: Path) -> None:
+    """`rebuild_rest` (the calls left to the Python fold) into the first of `files`, from both halves."""
+    conn = _connect(driver, str(files[0]), read_only=False)
+    try:
+        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
+            conn.execute(f"PRAGMA {pragma}")
+        _attach(conn, starts, "s")
+        _attach(conn, ends, "e")
+        _attach(conn, files[1], "u")
+        conn.execute("BEGIN")
         for statement in rest_statements(orphans=bool(conn.execute(ORPHANS_POSSIBLE).fetchone()[0])):
             conn.execute(statement)
         conn.execute("COMMIT")
     finally:
         conn.close()
-    starts.unlink()
-    ends.unlink()
-    return rows
 
 
 def main(argv: Sequence[str]) -> int:
