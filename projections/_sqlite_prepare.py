@@ -104,6 +104,20 @@ def _attach(conn: Any, path: Path, schema: str) -> None:
         conn.execute(f"PRAGMA {schema}.{pragma}")
 
 
+def _work_connection(driver: Any, main: Path, starts: Path, ends: Path) -> Any:
+    """A connection to the work file `main` (scratch: no journal, no sync), the starts and ends attached as `s`, `e`."""
+    conn = _connect(driver, str(main), read_only=False)
+    try:
+        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
+            conn.execute(f"PRAGMA {pragma}")
+        _attach(conn, starts, "s")
+        _attach(conn, ends, "e")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
 class ScanProgress:
     """How far the two scans have got, printed as `progress EVENTS HEAD` lines for the parent's progress bar.
 
@@ -191,12 +205,8 @@ def _scan(ledger: str, work: Path, head: int, split: int, progress: ScanProgress
 
 def _write_rows(rows: str, starts: str, ends: str, part: str, split: str | None) -> None:
     """One half of `rebuild_rows` (`part` of `ROWS_PARTS`) into the work file `rows`, on its own connection."""
-    conn = _connect(_driver(), rows, read_only=False)
+    conn = _work_connection(_driver(), Path(rows), Path(starts), Path(ends))
     try:
-        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
-            conn.execute(f"PRAGMA {pragma}")
-        _attach(conn, Path(starts), "s")
-        _attach(conn, Path(ends), "e")
         conn.execute("BEGIN")
         conn.execute(rows_statement(part), {"split": split})
         conn.execute("COMMIT")
@@ -258,12 +268,8 @@ def prepare(
 
 def _index_ends(driver: Any, rows: Path, starts: Path, ends: Path) -> None:
     """The ends in one table, indexed; the call ids that repeat, beside the tables they come from."""
-    conn = _connect(driver, str(rows), read_only=False)
+    conn = _work_connection(driver, rows, starts, ends)
     try:
-        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
-            conn.execute(f"PRAGMA {pragma}")
-        _attach(conn, starts, "s")
-        _attach(conn, ends, "e")
         conn.execute("BEGIN")
         # the same columns; indexed once, after the append
         conn.execute("INSERT INTO e.rebuild_ends SELECT * FROM s.rebuild_ends_tail")
@@ -300,12 +306,8 @@ def _write_halves(pool: Executor | None, driver: Any, files: tuple[Path, Path], 
 
 def _write_rest(driver: Any, files: tuple[Path, Path], starts: Path, ends: Path) -> None:
     """`rebuild_rest` (the calls left to the Python fold) into the first of `files`, from both halves."""
-    conn = _connect(driver, str(files[0]), read_only=False)
+    conn = _work_connection(driver, files[0], starts, ends)
     try:
-        for pragma in ("journal_mode = OFF", "synchronous = OFF"):
-            conn.execute(f"PRAGMA {pragma}")
-        _attach(conn, starts, "s")
-        _attach(conn, ends, "e")
         _attach(conn, files[1], "u")
         conn.execute("BEGIN")
         for statement in rest_statements(orphans=bool(conn.execute(ORPHANS_POSSIBLE).fetchone()[0])):
