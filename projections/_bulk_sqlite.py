@@ -33,7 +33,6 @@ __all__ = (
     "NOTE_FUNCTION",
     "ORPHANS_POSSIBLE",
     "REPEATED_STATEMENTS",
-    "ROWS_PARTS",
     "STARTS_STATEMENTS",
     "rest_statements",
     "rows_statement",
@@ -116,8 +115,8 @@ FROM (
 ) LIMIT -1
 """
 
-# One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{part}`:
-# which starts, by call id (`ROWS_PARTS`); the other half's rows go to a file of their own.
+# One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{op}`: the
+# half of the starts, by call id against `:split` (`rows_statement`); the other half goes to a file of its own.
 _ROWS = """
 CREATE TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
@@ -141,7 +140,7 @@ FROM (
          AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))
          AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  WHERE s.cid IS NOT NULL AND s.started {part}
+  WHERE s.cid IS NOT NULL AND s.started AND s.cid {op} :split
   ORDER BY s.cid
   LIMIT -1
 )
@@ -174,9 +173,12 @@ SELECT EXISTS (SELECT 1 FROM rebuild_repeated_starts)
 """
 
 
-def rows_statement(part: str) -> str:
-    """`rebuild_rows` for one of `ROWS_PARTS` (`:split` the call id between the halves)."""
-    return _ROWS.format(part=ROWS_PARTS[part])
+def rows_statement(*, upper: bool) -> str:
+    """`rebuild_rows` for the starts below `:split` (the call id between the halves), or from it on (`upper`).
+
+    With `:split` NULL (no start has a call id) both halves are empty, as every row would be.
+    """
+    return _ROWS.format(op=">=" if upper else "<")
 
 
 def rest_statements(*, orphans: bool) -> tuple[str, ...]:
@@ -197,14 +199,6 @@ REPEATED_STATEMENTS = (
     "CREATE TABLE e.rebuild_repeated_ends AS "
     "SELECT cid FROM e.rebuild_ends WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
 )
-ROWS_PARTS = {
-    "lower": "AND s.cid < :split",
-    "upper": "AND s.cid >= :split",
-    "all": "",
-    "none": "AND 0",
-}
-"""The starts whose rows a half writes: below and from `:split`, or all of them and none (a ledger too
-small to split, whose upper half is empty)."""
 
 # The starts scan on its own connection, into its own work file attached as `work` (the ledger is `main`).
 STARTS_STATEMENTS: tuple[str, ...] = (_STARTS, "CREATE INDEX work.rebuild_starts_cid ON rebuild_starts (cid)")

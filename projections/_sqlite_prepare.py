@@ -203,12 +203,12 @@ def _scan(ledger: str, work: Path, head: int, split: int, progress: ScanProgress
         conn.close()
 
 
-def _write_rows(rows: str, starts: str, ends: str, part: str, split: str | None) -> None:
-    """One half of `rebuild_rows` (`part` of `ROWS_PARTS`) into the work file `rows`, on its own connection."""
+def _write_rows(rows: str, starts: str, ends: str, split: str | None, upper: bool) -> None:
+    """One half of `rebuild_rows` (`rows_statement`) into the work file `rows`, on its own connection."""
     conn = _work_connection(_driver(), Path(rows), Path(starts), Path(ends))
     try:
         conn.execute("BEGIN")
-        conn.execute(rows_statement(part), {"split": split})
+        conn.execute(rows_statement(upper=upper), {"split": split})
         conn.execute("COMMIT")
     finally:
         conn.close()
@@ -247,8 +247,9 @@ def prepare(
     driver = _driver()
     starts, ends = workdir / "starts.db", workdir / "ends.db"
     rows, upper = (workdir / name for name in ROWS_FILES)
+    processes = head >= processes_from
     pool: Executor
-    if head >= processes_from:
+    if processes:
         # spawn: fresh interpreters, nothing inherited from this process's threads and connections
         context = multiprocessing.get_context("spawn")
         slots = context.Array("q", 2, lock=False)
@@ -259,7 +260,7 @@ def prepare(
     with pool:
         _scan_both(pool, ledger, (starts, ends), head, progress or ScanProgress(head, io.StringIO()), slots)
         _index_ends(driver, rows, starts, ends)
-        _write_halves(pool if slots is not None else None, driver, (rows, upper), starts, ends)
+        _write_halves(pool if processes else None, driver, (rows, upper), starts, ends)
     _write_rest(driver, (rows, upper), starts, ends)
     starts.unlink()
     ends.unlink()
@@ -291,17 +292,16 @@ def _write_halves(pool: Executor | None, driver: Any, files: tuple[Path, Path], 
         ).fetchone()
     finally:
         conn.close()
-    lower, upper = (str(path) for path in files)
-    halves = [(lower, "all", None), (upper, "none", None)]  # no start with a call id: nothing to split
-    if median is not None:
-        halves = [(lower, "lower", median[0]), (upper, "upper", median[0])]
+    split = median[0] if median else None
+    halves = [
+        (str(path), str(starts), str(ends), split, upper) for path, upper in zip(files, (False, True), strict=True)
+    ]
     if pool is None:
-        for path, part, split in halves:
-            _write_rows(path, str(starts), str(ends), part, split)
+        for half in halves:
+            _write_rows(*half)
         return
-    written = [pool.submit(_write_rows, path, str(starts), str(ends), part, split) for path, part, split in halves]
-    for half in written:
-        half.result()
+    for written in [pool.submit(_write_rows, *half) for half in halves]:
+        written.result()
 
 
 def _write_rest(driver: Any, files: tuple[Path, Path], starts: Path, ends: Path) -> None:

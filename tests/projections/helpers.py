@@ -58,3 +58,12 @@ def failed(call_id: str, t0: float, t1: float) -> NewEvent:
 
 async def append(database: Database, *events: NewEvent) -> None:
     await append_events(database, list(events))
+
+
+async def append_plain_calls(database: Database, count: int, *, batch: int = 500) -> None:
+    """`count` plain calls (`c00000`…, each started at second i and finished at i + 1), `batch` calls an append."""
+    for first in range(0, count, batch):
+        calls = range(first, min(first + batch, count))
+        await append(
+            database, *(started(f"c{i:05d}", i) for i in calls), *(finished(f"c{i:05d}", i, i + 1) for i in calls)
+        )

@@ -42,7 +42,7 @@ from projections.engine import (
 )
 from projections.reports import recompute_report, runs_report
 from projections.tables import calls
-from tests.projections.helpers import append, at, failed, finished, started
+from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
 
 _serial = itertools.count()
 
@@ -398,9 +398,7 @@ async def test_a_sqlite_rebuild_reports_progress_while_its_scans_read_the_ledger
     await upgrade_database(database)
     try:
         calls = 1_500  # 3,000 positions: the scans call out at positions 1,024 and 2,048
-        for first in range(0, calls, 500):
-            batch = [started(f"c{i:05d}", i) for i in range(first, first + 500)]
-            await append(database, *batch, *(finished(f"c{i:05d}", i, i + 1) for i in range(first, first + 500)))
+        await append_plain_calls(database, calls)
         seen: list[tuple[int, int]] = []
         steps: list[str] = []
         promoted = await rebuild_projection(

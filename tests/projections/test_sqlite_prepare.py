@@ -14,7 +14,7 @@ from ledger.errors import LedgerError
 from ledger.migrate import upgrade_database
 from projections._bulk import _run_sqlite_prepare
 from projections._sqlite_prepare import ROWS_FILES, ScanProgress, _driver, prepare
-from tests.projections.helpers import append, failed, finished, started
+from tests.projections.helpers import append, append_plain_calls, failed, finished, started
 
 
 def test_the_child_uses_a_sqlite_with_the_fast_json_parser() -> None:
@@ -55,11 +55,7 @@ async def test_the_workers_on_two_processes_write_what_the_threads_write(tmp_pat
     database = open_database(f"sqlite:///{ledger}")
     await upgrade_database(database)
     try:
-        for first in range(0, 600, 200):  # 1,200 positions: the scans call out at 1,024
-            calls = range(first, first + 200)
-            await append(
-                database, *(started(f"c{i:03d}", i) for i in calls), *(finished(f"c{i:03d}", i, i + 1) for i in calls)
-            )
+        await append_plain_calls(database, 600)  # 1,200 positions: the scans call out at 1,024
         await append(
             database,
             finished("orphan", 1, 2),  # an end without a start: position 1,201
