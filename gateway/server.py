@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import http
 import socket
 import time
@@ -33,6 +32,7 @@ import structlog
 
 from gateway.errors import BodyTooLarge, GatewayError, error_body
 from gateway.headers import Header
+from ledger.waiting import wait_up_to
 
 __all__ = (
     "KEEPALIVE_TIMEOUT_S",
@@ -550,8 +550,7 @@ class HttpServer:
             if conn.idle:
                 conn.close()
         if self.connections:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), grace_s)
+            await wait_up_to(self._settled.wait(), grace_s)
         for conn in list(self.connections):
             conn.abort()  # calls still running see their client gone and record that
         if self.tasks:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
@@ -15,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from ledger.db import Database
 from ledger.events import Event, decode_event
 from ledger.schema import events
+from ledger.waiting import wait_up_to
 
 __all__ = ("StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
 
@@ -104,6 +104,5 @@ async def follow_events(
             if wake is None:
                 await asyncio.sleep(poll_interval_s)
             else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), poll_interval_s)
+                await wait_up_to(wake.wait(), poll_interval_s)
                 wake.clear()

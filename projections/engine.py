@@ -14,7 +14,6 @@ switches the pointer. Readers always read the live version.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sqlite3
 import tempfile
 import uuid
@@ -35,6 +34,7 @@ from ledger.events import ProjectionPromoted, new_event, utc_now
 from ledger.read import head_position
 from ledger.schema import checkpoints, events, sqlite_time
 from ledger.sqlite_append import SqliteWrite
+from ledger.waiting import wait_up_to
 from projections.annotations import AnnotationsProjection
 from projections.calls import CallsProjection
 from projections.errors import UnknownProjection
@@ -452,6 +452,5 @@ async def follow_projections(database: Database, wake: asyncio.Event, *, poll_in
         except LedgerError as exc:
             structlog.get_logger("projections.engine").error("projections_catch_up_failed", error=str(exc))
             delay = min(delay * 2, 30.0)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), delay)
+        await wait_up_to(wake.wait(), delay)
         wake.clear()

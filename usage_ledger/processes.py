@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from ledger.waiting import wait_up_to
+
 __all__ = ("Child", "free_port", "start_child", "stop_process")
 
 
@@ -40,9 +42,7 @@ async def stop_process(process: asyncio.subprocess.Process, sig: int, timeout_s:
     if process.returncode is not None:
         return
     process.send_signal(sig)
-    try:
-        await asyncio.wait_for(process.wait(), timeout_s)
-    except TimeoutError:
+    if not await wait_up_to(process.wait(), timeout_s):
         process.kill()
         await process.wait()
 
@@ -61,7 +61,6 @@ async def start_child(name: str, args: Sequence[str], ready_url: str, log_dir: P
             with contextlib.suppress(httpx.HTTPError):
                 if (await client.get(ready_url)).status_code == 200:
                     return child
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), 0.1)
+            await wait_up_to(process.wait(), 0.1)
     await child.stop()
     raise RuntimeError(f"{name} did not become ready at {ready_url} (exit code {process.returncode}); see {log_path}")
