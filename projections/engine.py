@@ -119,6 +119,15 @@ async def live_version(conn: AsyncConnection, name: str) -> tuple[int, str]:
 
 
 async def _ensure_pointer(database: Database, name: str) -> int:
+    """The live version of `name`; its pointer is written first if it has none.
+
+    Read before any write: the follower calls this on every pass, and on SQLite even an INSERT that
+    inserts nothing takes the ledger's write lock, which the gateway's appends then wait for.
+    """
+    async with database.engine.connect() as conn:
+        live = (await conn.execute(select(versions.c.live_version).where(versions.c.name == name))).scalar()
+    if live is not None:
+        return int(live)
     async with database.engine.begin() as conn:
         statement = _dialect_insert(conn)(versions).values(
             name=name, live_version=1, formula=DEFAULT_FORMULA, head_position=0, digest="", promoted_at=utc_now()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from sqlalchemy import insert, select
+from sqlalchemy import event, insert, select
 
 from ledger.db import Database
 from ledger.events import CallRetagged, new_event, utc_now
 from ledger.schema import checkpoints
-from projections.engine import PROJECTIONS, catch_up, follow_projections, projection_status
+from projections.engine import PROJECTIONS, catch_up, catch_up_all, follow_projections, projection_status
 from projections.tables import calls as calls_table
 from tests.projections.helpers import append, finished, started
 
@@ -31,6 +31,26 @@ async def test_follow_applies_new_events(database: Database) -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_pass_with_nothing_new_writes_nothing(database: Database) -> None:
+    """The follower passes every half second: once each projection has its pointer and is caught
+    up, a pass only reads (on SQLite any write statement takes the lock the gateway appends with)."""
+    await append(database, started("a", 0, run="r"), finished("a", 0, 3))
+    await catch_up_all(database)
+    statements: list[str] = []
+
+    def record(_conn: object, _cursor: object, statement: str, *_args: object) -> None:
+        statements.append(statement)
+
+    event.listen(database.engine.sync_engine, "before_cursor_execute", record)
+    try:
+        assert await catch_up_all(database) == {name: 2 for name in PROJECTIONS}
+    finally:
+        event.remove(database.engine.sync_engine, "before_cursor_execute", record)
+    assert statements, "the pass read nothing: the recorder saw no statement"
+    writes = [s for s in statements if s.split()[0].upper() in ("INSERT", "UPDATE", "DELETE") or "IMMEDIATE" in s]
+    assert writes == []
 
 
 async def test_runners_at_once_fold_outside_the_lock_and_agree_with_one(database: Database) -> None:
