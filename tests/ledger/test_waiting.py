@@ -60,8 +60,8 @@ def _calls_wait_for(path: Path) -> bool:
 
 
 def test_no_product_code_waits_with_asyncio_wait_for() -> None:
-    users = [str(p.relative_to(ROOT)) for package in PRODUCT for p in sorted((ROOT / package).rglob("*.py"))]
-    assert [p for p in users if _calls_wait_for(ROOT / p)] == []
+    modules = [p for package in PRODUCT for p in sorted((ROOT / package).rglob("*.py"))]
+    assert [str(p.relative_to(ROOT)) for p in modules if _calls_wait_for(p)] == []
 
 
 def test_the_wait_for_check_sees_a_call(tmp_path: Path) -> None:
