@@ -110,12 +110,17 @@ def _dialect_insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
     return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
 
 
-async def live_version(conn: AsyncConnection, name: str) -> tuple[int, str]:
-    """(live version, formula) of a projection; version 1 with the default formula if never built."""
+async def _pointer(conn: AsyncConnection, name: str) -> tuple[int, str] | None:
+    """(live version, formula) of a projection, as its pointer says; None if it has none yet."""
     row = (
         await conn.execute(select(versions.c.live_version, versions.c.formula).where(versions.c.name == name))
     ).first()
-    return (row.live_version, row.formula) if row else (1, DEFAULT_FORMULA)
+    return (row.live_version, row.formula) if row else None
+
+
+async def live_version(conn: AsyncConnection, name: str) -> tuple[int, str]:
+    """(live version, formula) of a projection; version 1 with the default formula if never built."""
+    return await _pointer(conn, name) or (1, DEFAULT_FORMULA)
 
 
 async def _ensure_pointer(database: Database, name: str) -> int:
@@ -125,9 +130,9 @@ async def _ensure_pointer(database: Database, name: str) -> int:
     inserts nothing takes the ledger's write lock, which the gateway's appends then wait for.
     """
     async with database.engine.connect() as conn:
-        live = (await conn.execute(select(versions.c.live_version).where(versions.c.name == name))).scalar()
-    if live is not None:
-        return int(live)
+        found = await _pointer(conn, name)
+    if found is not None:
+        return found[0]
     async with database.engine.begin() as conn:
         statement = _dialect_insert(conn)(versions).values(
             name=name, live_version=1, formula=DEFAULT_FORMULA, head_position=0, digest="", promoted_at=utc_now()
