@@ -1,25 +1,25 @@
-"""What the gateway reads from request and response bodies: model, sampling, usage, finish reasons.
+"""What the gateway reads from a request: whether it is a call, its model and sampling, its stream options.
 
 Decoding is lenient (a body the gateway does not understand is still forwarded, just described
-less); the only rewrite is `with_usage_requested`, for streams that did not ask for usage.
+less); the only rewrite is `with_usage_requested`, for streams that did not ask for usage. What
+responses say is read in `gateway.usage`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import msgspec
 
-from ledger.events import Sampling, Usage
+from ledger.events import Sampling
 
 __all__ = (
-    "TOKEN_CHUNK",
-    "ChunkInfo",
+    "INFERENCE_PATHS",
+    "USAGE_REQUEST_PATHS",
     "RequestInfo",
-    "ResponseInfo",
-    "inspect_chunk",
+    "fingerprint_restorer",
     "inspect_request",
-    "inspect_response",
+    "is_inference",
     "with_usage_requested",
 )
 
@@ -43,58 +43,36 @@ class _Request(msgspec.Struct):
     min_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+    max_output_tokens: int | None = None  # Responses API
     seed: int | None = None
     n: int | None = None
     chat_template_kwargs: _TemplateKwargs | None = None
 
 
-class _Details(msgspec.Struct):
-    cached_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int = 0
-    completion_tokens: int | None = 0
-    total_tokens: int = 0
-    prompt_tokens_details: _Details | None = None
-
-
-class _Delta(msgspec.Struct):
-    content: str | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[Any] | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    text: str | None = None
-    finish_reason: str | None = None
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] | None = None
-    usage: _Usage | None = None
-    error: Any = None
-    metrics: dict[str, float] | None = None
-
-
-class _MessageChoice(msgspec.Struct):
-    finish_reason: str | None = None
-
-
-class _Response(msgspec.Struct):
-    id: str | None = None
-    choices: list[_MessageChoice] | None = None
-    usage: _Usage | None = None
-    metrics: dict[str, float] | None = None
-
-
 _request_decoder = msgspec.json.Decoder(_Request)
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
-_response_decoder = msgspec.json.Decoder(_Response)
 _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+INFERENCE_PATHS = (
+    "/chat/completions",
+    "/completions",
+    "/responses",
+    "/embeddings",
+    "/score",
+    "/rerank",
+    "/pooling",
+    "/classify",
+    "/audio/transcriptions",
+    "/audio/translations",
+)
+"""Path endings of the inference APIs (vLLM's OpenAI-compatible server): a POST to one is a call."""
+USAGE_REQUEST_PATHS = ("/chat/completions", "/completions")
+"""The APIs whose streams carry usage only when asked (`stream_options.include_usage`)."""
+
+
+def is_inference(method: str, path: str) -> bool:
+    """Whether a request is a call to record; every other request is proxied and not recorded."""
+    return method == "POST" and path.endswith(INFERENCE_PATHS)
 
 
 class RequestInfo(msgspec.Struct, frozen=True):
@@ -111,7 +89,9 @@ def inspect_request(body: bytes) -> RequestInfo:
         return RequestInfo()
     try:
         req = _request_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except msgspec.ValidationError:  # (a subclass of DecodeError: caught first)
+        req = _lenient_request(body)
+    except msgspec.DecodeError:
         return RequestInfo()
     opts = req.stream_options
     thinking = req.chat_template_kwargs.enable_thinking if req.chat_template_kwargs else None
@@ -123,7 +103,9 @@ def inspect_request(body: bytes) -> RequestInfo:
             top_p=req.top_p,
             top_k=req.top_k,
             min_p=req.min_p,
-            max_tokens=req.max_tokens if req.max_tokens is not None else req.max_completion_tokens,
+            max_tokens=next(
+                (m for m in (req.max_tokens, req.max_completion_tokens, req.max_output_tokens) if m is not None), None
+            ),
             seed=req.seed,
             n=req.n,
             enable_thinking=thinking,
@@ -131,6 +113,22 @@ def inspect_request(body: bytes) -> RequestInfo:
         wants_usage=bool(opts and opts.include_usage),
         continuous_usage=bool(opts and opts.continuous_usage_stats),
     )
+
+
+def _lenient_request(body: bytes) -> _Request:
+    """A request with a member of an unexpected type: every member that does fit is still read."""
+    obj = _any_decoder.decode(body)
+    if not isinstance(obj, dict):
+        return _Request()
+    kept = {}
+    for name in _Request.__struct_fields__:
+        if name in obj:
+            try:
+                msgspec.convert({name: obj[name]}, _Request)
+            except msgspec.ValidationError:
+                continue
+            kept[name] = obj[name]
+    return msgspec.convert(kept, _Request)
 
 
 def with_usage_requested(body: bytes) -> bytes | None:
@@ -162,77 +160,23 @@ def with_usage_requested(body: bytes) -> bytes | None:
     return _encoder.encode(obj)
 
 
-def _usage(raw: _Usage | None) -> Usage | None:
-    if raw is None:
-        return None
-    cached = raw.prompt_tokens_details.cached_tokens if raw.prompt_tokens_details else None
-    return Usage(
-        prompt_tokens=raw.prompt_tokens,
-        completion_tokens=raw.completion_tokens or 0,
-        total_tokens=raw.total_tokens,
-        cached_tokens=cached,
-    )
+def fingerprint_restorer(fingerprint: str) -> Callable[[bytes], bytes]:
+    """A rewrite of a terminal chunk (one with a finish reason) as it is when the client did not ask for usage.
 
+    vLLM (0.32) stamps `system_fingerprint` on the terminal chunks of a stream, unless a usage chunk
+    follows, which then carries it instead. So when the gateway asked for usage and cuts that chunk
+    out, the fingerprint goes back where the client would have found it: last member of each
+    terminal chunk, as vLLM writes it (compact JSON). Events that are not one compact `data:` line
+    of a JSON object, or that have a fingerprint already, are left as they are.
+    """
+    member = b',"system_fingerprint":' + _encoder.encode(fingerprint)
 
-class ChunkInfo(msgspec.Struct, frozen=True):
-    usage: Usage | None = None
-    usage_only: bool = False
-    """`choices` is empty and usage is present: the chunk `include_usage` adds."""
-    has_token: bool = False
-    finish_reasons: tuple[str, ...] = ()
-    error: bool = False
-    metrics: dict[str, float] | None = None
+    def restore(event: bytes) -> bytes:
+        end = event.rfind(b"}")
+        if not event.startswith(b"data: {") or end < 0 or b'"system_fingerprint"' in event:
+            return event
+        if event[end + 1 :].strip(b"\r\n") or event.count(b"\n") > 2:
+            return event  # not a single-line event
+        return event[:end] + member + event[end:]
 
-
-_EMPTY_CHUNK = ChunkInfo()
-TOKEN_CHUNK = ChunkInfo(has_token=True)
-"""What `inspect_chunk` returns (this very object) for a chunk with a token and nothing else."""
-
-
-def inspect_chunk(data: bytes) -> ChunkInfo:
-    """Describe one SSE `data:` payload of a chat or completion stream."""
-    try:
-        chunk = _chunk_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return _EMPTY_CHUNK
-    choices = chunk.choices
-    has_token = False
-    reasons: tuple[str, ...] = ()
-    if choices:
-        for choice in choices:
-            delta = choice.delta
-            if choice.text or (
-                delta is not None and (delta.content or delta.reasoning_content or delta.reasoning or delta.tool_calls)
-            ):
-                has_token = True
-            if choice.finish_reason is not None:
-                reasons = (*reasons, choice.finish_reason)
-    if chunk.usage is None and chunk.error is None and chunk.metrics is None and not reasons:
-        return TOKEN_CHUNK if has_token else _EMPTY_CHUNK  # nearly every chunk: no new struct
-    return ChunkInfo(
-        usage=_usage(chunk.usage),
-        usage_only=choices is not None and not choices and chunk.usage is not None,
-        has_token=has_token,
-        finish_reasons=reasons,
-        error=chunk.error is not None,
-        metrics=chunk.metrics,
-    )
-
-
-class ResponseInfo(msgspec.Struct, frozen=True):
-    request_id: str | None = None
-    usage: Usage | None = None
-    finish_reasons: tuple[str, ...] = ()
-    metrics: dict[str, float] | None = None
-
-
-def inspect_response(body: bytes) -> ResponseInfo:
-    """Describe a non-streamed JSON response (chat, completion, embeddings...)."""
-    if not body.startswith(b"{"):
-        return ResponseInfo()
-    try:
-        resp = _response_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return ResponseInfo()
-    reasons = tuple(c.finish_reason for c in resp.choices or () if c.finish_reason is not None)
-    return ResponseInfo(request_id=resp.id, usage=_usage(resp.usage), finish_reasons=reasons, metrics=resp.metrics)
+    return restore

@@ -56,6 +56,10 @@ class Metrics:
     response_bytes: int = 0
     record_failures: int = 0
     usage_injected: int = 0
+    usage_sources: Counter[str] = field(default_factory=Counter)
+    """Recorded calls by where their token counts came from (`ledger.events.UsageSource`)."""
+    passed_through: int = 0
+    """Requests proxied that are not calls (not an inference API): not recorded."""
     duration: Histogram = field(default_factory=Histogram)
     """Seconds from request received to call recorded, every call."""
     ttft: Histogram = field(default_factory=Histogram)
@@ -69,6 +73,9 @@ class Metrics:
             "# HELP ledger_gateway_call_failures_total Calls that failed, by reason.",
             "# TYPE ledger_gateway_call_failures_total counter",
             *(f'ledger_gateway_call_failures_total{{reason="{r}"}} {n}' for r, n in sorted(self.failures.items())),
+            "# HELP ledger_gateway_usage_total Recorded calls by where their token counts came from.",
+            "# TYPE ledger_gateway_usage_total counter",
+            *(f'ledger_gateway_usage_total{{source="{u}"}} {n}' for u, n in sorted(self.usage_sources.items())),
         ]
         for name, kind, value, text in (
             ("ledger_gateway_in_flight", "gauge", self.in_flight, "Calls being proxied now."),
@@ -77,6 +84,7 @@ class Metrics:
             ("ledger_gateway_completion_tokens_total", "counter", self.completion_tokens, "Completion tokens."),
             ("ledger_gateway_response_bytes_total", "counter", self.response_bytes, "Response bytes relayed."),
             ("ledger_gateway_usage_injected_total", "counter", self.usage_injected, "Streams asked for usage."),
+            ("ledger_gateway_passed_through_total", "counter", self.passed_through, "Requests that are no calls."),
             ("ledger_gateway_record_failures_total", "counter", self.record_failures, "Events lost."),
             ("ledger_writer_queue_depth", "gauge", queue_depth, "Event batches waiting for the writer."),
             ("ledger_writer_committed_events_total", "counter", committed, "Events committed."),

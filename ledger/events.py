@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -35,7 +35,17 @@ __all__ = (
     "utc_now",
 )
 
-UsageSource = Literal["reported", "injected", "absent"]
+UsageSource = Literal["reported", "injected", "absent", "unreadable", "partial", "counted"]
+"""Where a call's token counts came from:
+
+- `reported`: the server's usage for the whole call, which the client asked for (or got unasked);
+- `injected`: the server's usage, for a stream the gateway asked it of (the client sees no difference);
+- `absent`: the server sent no usage;
+- `unreadable`: the server sent usage (or a body) the gateway could not read; `usage_detail` says why;
+- `partial`: a stream that ended early, counted by the last per-chunk usage the server sent;
+- `counted`: a stream that ended early without usage: completion tokens are the content deltas the
+  gateway saw (a lower bound: one delta may carry several tokens), prompt tokens unknown (0).
+"""
 FailureReason = Literal[
     "upstream_unreachable",
     "upstream_timeout",
@@ -110,6 +120,11 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     chunk_count: int = 0
     timings: Timings
     vllm_metrics: dict[str, float] | None = None
+    """Written before vLLM's block held objects; new events use `request_metrics`."""
+    request_metrics: dict[str, Any] | None = None
+    """vLLM's per-request `metrics` block, as sent (`--enable-per-request-metrics`)."""
+    usage_detail: str = ""
+    """Why the usage is not `reported`/`injected`, when there is more to say than the source."""
 
 
 class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
@@ -124,6 +139,7 @@ class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
     usage_source: UsageSource = "absent"
     chunk_count: int = 0
     timings: Timings
+    usage_detail: str = ""
 
 
 class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported"):

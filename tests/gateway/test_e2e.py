@@ -197,6 +197,9 @@ async def test_client_disconnect_cancels_upstream(gateway: Process, emulator: Pr
         await asyncio.sleep(0.1)
     assert [(e.reason, e.phase) for e in failed] == [("client_disconnected", "stream")]
     assert failed[0].chunk_count >= 3
+    # the output it saw, with its own provenance: no usage came, so the content deltas were counted
+    assert failed[0].usage_source == "counted" and failed[0].usage is not None
+    assert failed[0].usage.completion_tokens >= 2 and failed[0].usage.prompt_tokens == 0
 
 
 def _chat(body: bytes, *, chunked: bool = False) -> bytes:

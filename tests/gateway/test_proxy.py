@@ -70,11 +70,22 @@ async def test_stream_with_usage_requested_passes_through(rig: Rig) -> None:
 
 
 async def test_upstream_error_passes_through(rig: Rig) -> None:
-    resp = await rig.client.post("/status/418", content=b"{}")
+    resp = await rig.client.post("/status/418/v1/chat/completions", content=b"{}")
     assert resp.status_code == 418
     assert resp.content == b'{"error":{"message":"nope","type":"BadRequestError","param":null,"code":418}}'
     _, finished = await rig.events()
     assert isinstance(finished, CallFinished) and finished.status == 418
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/v1/models"), ("GET", "/health"), ("POST", "/status/418")])
+async def test_requests_that_are_no_calls_are_proxied_and_not_recorded(rig: Rig, method: str, path: str) -> None:
+    resp = await rig.client.request(method, path, content=b"{}" if method == "POST" else None)
+    direct = rig.upstream.requests[-1]
+    assert direct["path"] == path
+    assert "x-ledger-call-id" not in resp.headers
+    assert await rig.events() == []
+    metrics = (await rig.client.get("/_ledger/metrics")).text
+    assert "ledger_gateway_passed_through_total 1" in metrics
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,7 @@ class FakeUpstream:
         self.requests.append({"method": scope["method"], "path": scope["path"], "headers": headers, "body": body})
         path = scope["path"]
         if path.startswith("/status/"):
-            code = int(path.rsplit("/", 1)[1])
+            code = int(path.split("/")[2])  # /status/<code>[/v1/chat/completions]
             payload = b'{"error":{"message":"nope","type":"BadRequestError","param":null,"code":%d}}' % code
             await _plain(send, code, payload)
         elif path == "/echo":

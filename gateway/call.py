@@ -1,0 +1,560 @@
+"""One proxied request, from its body to its final event: forwarded, observed, recorded.
+
+A request to an inference API (`gateway.inspect.is_inference`) is a call: `call.started` before
+any response byte, `call.finished` / `call.failed` before the last bytes (strict durability).
+Any other request (`GET /v1/models`, `/health`, `/metrics`, …) takes the same path and is not
+recorded: it is no call in a run or a day.
+
+What the usage of a call is, and where it came from (`ledger.events.UsageSource`), is decided in
+`_usage_and_source`, once, for finished and failed calls alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from gateway.encoding import BodyDecoder, UnreadableBody
+from gateway.errors import GatewayError, UpstreamError
+from gateway.headers import Header, LedgerTags, forward_headers, recorded_headers, response_headers
+from gateway.inspect import (
+    USAGE_REQUEST_PATHS,
+    RequestInfo,
+    fingerprint_restorer,
+    inspect_request,
+    is_inference,
+    with_usage_requested,
+)
+from gateway.rawclient import RawResponse
+from gateway.recorder import new_call_id
+from gateway.relay import PlainRelay, SseRelay, SseWatcher, cut_event
+from gateway.server import AbortSignal
+from gateway.sse import SseEvent
+from gateway.upstream import UpstreamResponse
+from gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
+from ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
+from ledger.writer import Durable
+
+if TYPE_CHECKING:
+    from gateway.proxy import Proxy
+
+__all__ = ("AbortResponse", "Call", "Client", "json_headers")
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+log = structlog.get_logger("gateway")
+
+CALL_ID_HEADER = b"x-ledger-call-id"
+_DONE = b"[DONE]"
+
+
+class AbortResponse(AbortSignal):
+    """Raised after the response started to make the server drop the client connection.
+
+    The upstream failed mid-body; a clean end would tell the client the body was complete.
+    """
+
+
+def _ts(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(t, UTC)
+
+
+def json_headers(body: bytes, extra: list[Header]) -> list[Header]:
+    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+
+
+class Client:
+    """Where a call's response goes: the server's `Exchange`, or an ASGI `send` (see `gateway.proxy`)."""
+
+    push: Callable[[bytes], None] | None = None
+    """Write body bytes synchronously (from the upstream's protocol callback); None when not possible."""
+
+    async def start(self, status: int, headers: list[Header]) -> None:
+        raise NotImplementedError
+
+    async def send(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def end(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def flow(self, hold: Callable[[bool], None] | None) -> None:
+        """Register who to pause while the client is not reading (only where `push` is used)."""
+
+
+class Call:
+    """One proxied request: its state from request to final event."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[Header],
+        body: bytes,
+        received: float,
+        ledger_tags: LedgerTags,
+    ) -> None:
+        self.proxy = proxy
+        self.metrics = proxy.metrics
+        self.recorder = proxy.recorder
+        self.recorded = is_inference(method, path)
+        self.call_id = new_call_id()
+        self.id_header = (CALL_ID_HEADER, self.call_id.encode())
+        self.method = method
+        self.path = path
+        self.query = query
+        self.target = self.path + ("?" + self.query if self.query else "")
+        self.headers = headers
+        self.body = body
+        self.received = received
+        self.run_name = ledger_tags.run
+        self.tags = ledger_tags.tags
+        self.info = inspect_request(body) if self.recorded else RequestInfo()
+        self.upstream_body = body
+        self.injected = False
+        wants_injection = self.info.stream and not self.info.wants_usage and proxy.upstream_forces_usage is not True
+        if wants_injection and self.path.endswith(USAGE_REQUEST_PATHS):
+            rewritten = with_usage_requested(body)
+            if rewritten is not None:
+                self.upstream_body = rewritten
+                self.injected = True
+                self.metrics.usage_injected += 1
+        # response state
+        self.status: int | None = None
+        self.headers_at: float | None = None
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.usage: Usage | None = None
+        self.usage_final = False
+        self.usage_problem = ""
+        self.usage_forced = False
+        """The upstream sent usage unasked (it would have without the gateway's request too)."""
+        self.deltas = 0
+        """Content deltas seen (choices with generated text): the count of last resort."""
+        self.reasons: list[str] = []
+        self.chunk_count = 0
+        self.client_bytes = 0
+        self.stream_error = False
+        self.request_metrics: dict[str, Any] | None = None
+        self.upstream_request_id: str | None = None
+        self.response_headers: list[Header] = []
+        self.raw: list[bytes] = []
+        self.relay: SseRelay | None = None
+        self.terminal_chunks: list[tuple[int, int]] = []
+        """Spans of chunks with a finish reason, held while the usage chunk the gateway asked for may follow."""
+        self.watcher: SseWatcher | None = None
+        self.decoder: BodyDecoder | None = None
+        self.client_gone = False
+        self.done = False
+        self.task: asyncio.Task[Any] | None = None
+        self.started_durable: asyncio.Future[Durable] | None = None
+
+    # -- recording -------------------------------------------------------------------------------
+    def started(self) -> None:
+        """Submit `call.started` (once): right after the request went upstream, so building the event
+        overlaps the upstream's work; before any response byte or final event in any case."""
+        if self.started_durable is not None or not self.recorded:
+            return
+        digest = self.recorder.digest(self.body) if self.body else None
+        info = self.info
+        event = CallStarted(
+            call_id=self.call_id,
+            received_at=_ts(self.received) or datetime.now(UTC),
+            method=self.method,
+            path=self.path,
+            query=self.query,
+            run=self.run_name,
+            tags=self.tags,
+            request_headers=recorded_headers(self.headers),
+            request_blob=digest,
+            request_bytes=len(self.body),
+            model=info.model,
+            stream=info.stream,
+            sampling=info.sampling,
+            upstream=self.proxy.upstream_url,
+        )
+        self.started_durable = self.recorder.started(event, self.body if digest else None)
+
+    def _usage_and_source(self, *, complete: bool) -> tuple[Usage | None, UsageSource, str]:
+        """The call's usage, where it came from and why; `complete`: the response ended normally."""
+        problem = self.usage_problem or (self.watcher.problem if self.watcher else "")
+        problem = problem or (self.relay.problem if self.relay else "")
+        if self.usage is not None and (complete or self.usage_final):
+            return self.usage, "injected" if self.injected and not self.usage_forced else "reported", ""
+        if self.usage is not None:
+            return self.usage, "partial", "the stream ended early: usage as of the last chunk that carried it"
+        if problem:
+            return None, "unreadable", problem
+        if not complete and self.deltas:
+            counted = Usage(prompt_tokens=0, completion_tokens=self.deltas, total_tokens=self.deltas)
+            return counted, "counted", "the stream ended early without usage: content deltas counted"
+        return None, "absent", ""
+
+    def _timings(self) -> Timings:
+        return Timings(
+            received=_ts(self.received) or datetime.now(UTC),
+            upstream_headers=_ts(self.headers_at),
+            first_token=_ts(self.first_token),
+            last_token=_ts(self.last_token),
+            finished=datetime.now(UTC),
+        )
+
+    def _raw_body(self) -> tuple[str | None, bytes | None, int]:
+        if not self.raw:
+            return None, None, 0
+        data = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
+        return self.recorder.digest(data), data, len(data)
+
+    async def _finished(self) -> Timings:
+        """Record the final event (strict: until durable); the caller then sends the last bytes and logs."""
+        digest, data, size = self._raw_body()
+        timings = self._timings()
+        self.metrics.response_bytes += size
+        if not self.recorded:
+            self.metrics.passed_through += 1
+            return timings
+        self.metrics.calls[self.status or 0] += 1
+        event: CallFinished | CallFailed
+        if self.stream_error:
+            event = self._failure("stream", "upstream_error_in_stream", "", digest, timings)
+            self.metrics.failures["upstream_error_in_stream"] += 1
+        else:
+            usage, source, detail = self._usage_and_source(complete=True)
+            event = CallFinished(
+                call_id=self.call_id,
+                status=self.status or 0,
+                upstream_request_id=self.upstream_request_id,
+                response_headers=recorded_headers(self.response_headers),
+                response_blob=digest,
+                response_bytes=size,
+                usage=usage,
+                usage_source=source,
+                usage_detail=detail,
+                finish_reasons=self.reasons,
+                chunk_count=self.chunk_count,
+                timings=timings,
+                request_metrics=self.request_metrics,
+            )
+            self._count_usage(usage, source, detail)
+        await self.recorder.finish(event, data)
+        return timings
+
+    def _count_usage(self, usage: Usage | None, source: UsageSource, detail: str) -> None:
+        self.metrics.usage_sources[source] += 1
+        if usage is not None:
+            self.metrics.prompt_tokens += usage.prompt_tokens
+            self.metrics.completion_tokens += usage.completion_tokens
+        if source == "unreadable":
+            log.warning("usage_unreadable", call_id=self.call_id, path=self.path, detail=detail)
+
+    async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
+        digest, data, _ = self._raw_body()
+        timings = self._timings()
+        self.metrics.failures[reason] += 1
+        if self.recorded:
+            event = self._failure(phase, reason, detail, digest, timings)
+            await self.recorder.finish(event, data, wait=wait)
+        self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
+
+    def _failure(self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings) -> CallFailed:
+        usage, source, usage_detail = self._usage_and_source(complete=False)
+        self._count_usage(usage, source, usage_detail)
+        return CallFailed(
+            call_id=self.call_id,
+            phase=phase,  # type: ignore[arg-type]
+            reason=reason,  # type: ignore[arg-type]
+            detail=detail,
+            client_status=self.status,
+            client_bytes=self.client_bytes,
+            response_blob=digest,
+            usage=usage,
+            usage_source=source,
+            usage_detail=usage_detail,
+            chunk_count=self.chunk_count,
+            timings=timings,
+        )
+
+    def _report(self, message: str, timings: Timings, **extra: Any) -> None:
+        """The canonical log line of the call, and its latency metrics."""
+        end = timings.finished.timestamp() if timings.finished else time.time()
+        if not self.recorded:
+            log.debug("request_proxied", method=self.method, path=self.path, status=self.status, **extra)
+            return
+        self.metrics.duration.observe(end - self.received)
+        if self.first_token is not None:
+            self.metrics.ttft.observe(self.first_token - self.received)
+        usage = self.usage
+        log.info(
+            message,
+            call_id=self.call_id,
+            method=self.method,
+            path=self.path,
+            status=self.status,
+            stream=self.info.stream,
+            model=self.info.model,
+            duration_ms=round((end - self.received) * 1000, 3),
+            upstream_headers_ms=None if self.headers_at is None else round((self.headers_at - self.received) * 1000, 3),
+            ttft_ms=None if self.first_token is None else round((self.first_token - self.received) * 1000, 3),
+            chunks=self.chunk_count,
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            **extra,
+        )
+
+    # -- proxying --------------------------------------------------------------------------------
+    def disconnected(self) -> None:
+        """The client went away: cancel the call (and with it the upstream request) unless it is done."""
+        if not self.done and self.task is not None:
+            self.client_gone = True
+            self.task.cancel()
+
+    async def run(self, client: Client) -> None:
+        task = self.task = asyncio.current_task()
+        assert task is not None
+        response: UpstreamResponse | None = None
+        try:
+            try:
+                response = await self.proxy.upstream.send(
+                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
+                )
+            except UpstreamError as exc:
+                phase = "connect" if exc.code == "upstream_unreachable" else "headers"
+                await self._fail_before_response(client, exc, phase, exc.reason)
+                return
+            except Exception as exc:  # a bug or protocol error of ours: still a JSON answer and a record
+                log.exception("gateway_error", call_id=self.call_id)
+                error = GatewayError(f"the gateway failed to forward the request: {type(exc).__name__}")
+                await self._fail_before_response(client, error, "gateway", "gateway_error")
+                return
+            await self._relay(response, client)
+        except asyncio.CancelledError:
+            if not self.client_gone:
+                raise
+            task.uncancel()
+            self.started()
+            if response is not None:
+                await _close_quietly(response)
+                response = None
+            await self._failed(
+                "stream" if self.info.stream else ("body" if self.status else "headers"),
+                "upstream_error_in_stream" if self.stream_error else "client_disconnected",
+                "the client closed the connection; the upstream request was cancelled",
+                wait=False,
+            )
+        finally:
+            self.task = None
+            if response is not None:
+                await _close_quietly(response)
+
+    def _extra_headers(self) -> list[Header]:
+        return [self.id_header] if self.recorded else []
+
+    async def _fail_before_response(self, client: Client, exc: GatewayError, phase: str, reason: str) -> None:
+        self.started()
+        self.status = exc.status
+        await self._failed(phase, reason, exc.message, wait=True)
+        self.done = True
+        body = exc.body()
+        await client.start(exc.status, json_headers(body, self._extra_headers()))
+        await client.end(body)
+
+    def _choose_relay(self, response: UpstreamResponse) -> tuple[PlainRelay | SseRelay, list[Header]]:
+        """The relay for this response and the headers the client gets."""
+        sse = False
+        encoding = b""
+        for name, value in response.headers:
+            if name == b"content-type" and value.startswith(b"text/event-stream"):
+                sse = True
+            elif name == b"content-encoding":
+                encoding = value
+            elif name == b"x-request-id":
+                self.upstream_request_id = value.decode("latin-1")
+        decoder: BodyDecoder | None = None
+        if self.recorded and encoding:
+            try:
+                decoder = BodyDecoder.for_encoding(encoding)
+            except UnreadableBody as exc:
+                self.usage_problem = str(exc)
+                sse = False  # nothing can be read: relay the bytes as they come
+        self.decoder = decoder
+        out_headers: list[Header]
+        if not sse:
+            relay: PlainRelay | SseRelay = PlainRelay(self.raw)
+            out_headers = response_headers(response.headers)
+        elif decoder is None:
+            relay = self.relay = SseRelay(self.raw, self._observe, cutting=self.injected)
+            out_headers = response_headers(response.headers, drop_length=self.injected)
+        elif self.injected:
+            # A cut is needed and compressed bytes cannot be cut: the client gets the decoded stream
+            # (its HTTP library would have decoded it anyway), without the usage chunk it did not ask for.
+            relay = self.relay = SseRelay(self.raw, self._observe, cutting=True, decoder=decoder)
+            dropped = {b"content-length", b"content-encoding"}
+            out_headers = [(n, v) for n, v in response_headers(response.headers) if n not in dropped]
+        else:
+            self.watcher = SseWatcher(decoder, self._observe)
+            relay = PlainRelay(self.raw, self.watcher)
+            out_headers = response_headers(response.headers)
+        out_headers.extend(self._extra_headers())
+        return relay, out_headers
+
+    async def _relay(self, response: UpstreamResponse, client: Client) -> None:
+        self.headers_at = time.time()
+        self.status = response.status
+        self.response_headers = response.headers
+        relay, out_headers = self._choose_relay(response)
+        self.started()
+        if self.started_durable is not None:
+            await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
+        await client.start(response.status, out_headers)
+        try:
+            push = client.push
+            if push is not None and isinstance(response, RawResponse):
+                feed = relay.feed
+
+                def sink(chunk: bytes) -> None:
+                    out = feed(chunk)
+                    if out:
+                        self.client_bytes += len(out)
+                        push(out)
+
+                client.flow(response.hold)
+                try:
+                    await response.pipe(sink)
+                finally:
+                    client.flow(None)
+            else:
+                async for chunk in response.iter_raw():
+                    out = relay.feed(chunk)
+                    if out:
+                        self.client_bytes += len(out)
+                        await client.send(out)
+            tail = relay.close()
+        except (UpstreamError, UnreadableBody) as exc:
+            reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
+            await self._failed("stream" if self.relay else "body", reason, str(exc), wait=True)
+            self.done = True
+            raise AbortResponse(str(exc)) from exc
+        if isinstance(relay, PlainRelay) and self.watcher is None and self.raw and self.recorded:
+            self._describe_body()
+        timings = await self._finished()
+        self.done = True
+        self.client_bytes += len(tail)
+        await client.end(tail)
+        self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
+
+    def _describe_body(self) -> None:
+        """A whole (non-SSE) response body: usage, finish reasons, metrics; decoded first if compressed."""
+        body = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
+        if self.usage_problem:
+            return  # an encoding the gateway cannot undo
+        if self.decoder is not None:
+            try:
+                body = self.decoder.decode(body)
+            except UnreadableBody as exc:
+                self.usage_problem = str(exc)
+                return
+        described = inspect_response(body)
+        self.usage = described.usage
+        self.usage_final = described.usage is not None
+        self.usage_problem = described.usage_problem
+        self.reasons = list(described.finish_reasons)
+        self.request_metrics = described.metrics
+        if self.upstream_request_id is None:
+            self.upstream_request_id = described.request_id
+
+    def _observe(self, events: list[SseEvent]) -> int | None:
+        """Note what one read's events say; returns the stream offset of the end marker among them.
+
+        One clock reading per read: tokens that arrive together share a moment, so a stream that came
+        in one read has no decode interval (and no made-up rate).
+        """
+        done: int | None = None
+        now = time.time()
+        relay = self.relay
+        for event in events:
+            data = event.data
+            if data is None:
+                continue
+            if data == _DONE:
+                if done is None:
+                    done = event.start
+                continue
+            info = inspect_chunk(data)
+            if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
+                self.chunk_count += 1
+                self.deltas += 1
+                self.last_token = now
+                if self.first_token is None:
+                    self.first_token = now
+                continue
+            if relay is not None and relay.cutting:
+                if info.per_choice_usage and self.injected:
+                    self._upstream_forces_usage(relay)
+                elif info.usage_only:
+                    self._cut_usage_chunk(relay, event, info.system_fingerprint)
+                elif info.finish_reasons:
+                    if relay.hold_from is None:  # until the usage chunk says what to put back
+                        relay.hold_from = event.start
+                    self.terminal_chunks.append((event.start, event.end))
+            if not (relay is not None and relay.cutting and info.usage_only):
+                self.chunk_count += 1
+            if info.tokens:
+                self.deltas += info.tokens
+                if self.first_token is None:
+                    self.first_token = now
+                self.last_token = now
+            if info.usage is not None:
+                self.usage = info.usage
+                self.usage_final = info.usage_final
+                self.usage_problem = ""
+            elif info.usage_problem:
+                self.usage_problem = info.usage_problem
+            if info.finish_reasons:
+                self.reasons.extend(info.finish_reasons)
+            if info.error:
+                self.stream_error = True
+            if info.metrics is not None:
+                self.request_metrics = info.metrics
+            if info.terminal and done is None:
+                done = event.start
+        self.metrics.chunks += len(events)
+        return done
+
+    def _cut_usage_chunk(self, relay: SseRelay, event: SseEvent, fingerprint: str | None) -> None:
+        """Leave out the usage chunk the client did not ask for, and put back what asking moved."""
+        if fingerprint is not None:
+            restore = fingerprint_restorer(fingerprint)
+            relay.edits.extend((start, end, restore) for start, end in self.terminal_chunks)
+        relay.edits.append((event.start, event.end, cut_event))
+        self.terminal_chunks.clear()
+        relay.hold_from = None
+
+    def _upstream_forces_usage(self, relay: SseRelay) -> None:
+        """Usage on every chunk, unasked: the upstream forces usage (vLLM `--enable-force-include-usage`).
+
+        The client would have received the usage chunk directly, so it is not cut; later streams are
+        not rewritten (unless `LEDGER_UPSTREAM_FORCES_USAGE` says otherwise).
+        """
+        if self.proxy.upstream_forces_usage is False:
+            return
+        self.usage_forced = True
+        relay.cutting = False
+        relay.hold_from = None
+        self.terminal_chunks.clear()
+        if self.proxy.upstream_forces_usage is None:
+            self.proxy.upstream_forces_usage = True
+            log.info("upstream_forces_usage", upstream=self.proxy.upstream_url, call_id=self.call_id)
+
+
+async def _close_quietly(response: UpstreamResponse) -> None:
+    with contextlib.suppress(Exception):  # closing a broken connection may fail; nothing left to save
+        await response.aclose()
