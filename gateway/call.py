@@ -6,7 +6,7 @@ Any other request (`GET /v1/models`, `/health`, `/metrics`, …) takes the same 
 recorded: it is no call in a run or a day.
 
 What the usage of a call is, and where it came from (`ledger.events.UsageSource`), is decided in
-`_usage_and_source`, once, for finished and failed calls alike.
+`gateway.observed.Observed`, once, for finished and failed calls alike.
 """
 
 from __future__ import annotations
@@ -14,79 +14,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from gateway.client import AbortResponse, Client, json_headers
 from gateway.encoding import BodyDecoder, UnreadableBody
 from gateway.errors import GatewayError, UpstreamError
-from gateway.headers import Header, LedgerTags, forward_headers, recorded_headers, response_headers
-from gateway.inspect import (
-    USAGE_REQUEST_PATHS,
-    RequestInfo,
-    fingerprint_restorer,
-    inspect_request,
-    is_inference,
-    with_usage_requested,
-)
+from gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
+from gateway.inspect import USAGE_REQUEST_PATHS, RequestInfo, inspect_request, is_inference, with_usage_requested
+from gateway.observed import Observed
 from gateway.rawclient import RawResponse
 from gateway.recorder import new_call_id
-from gateway.relay import PlainRelay, SseRelay, SseWatcher, cut_event
-from gateway.server import AbortSignal
-from gateway.sse import SseEvent
+from gateway.relay import PlainRelay, SseRelay, SseWatcher, plan_relay
 from gateway.upstream import UpstreamResponse
-from gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
 from ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from ledger.writer import Durable
 
 if TYPE_CHECKING:
     from gateway.proxy import Proxy
 
-__all__ = ("AbortResponse", "Call", "Client", "json_headers")
-
-Message = MutableMapping[str, Any]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = ("Call",)
 
 log = structlog.get_logger("gateway")
 
 CALL_ID_HEADER = b"x-ledger-call-id"
-_DONE = b"[DONE]"
-
-
-class AbortResponse(AbortSignal):
-    """Raised after the response started to make the server drop the client connection.
-
-    The upstream failed mid-body; a clean end would tell the client the body was complete.
-    """
 
 
 def _ts(t: float | None) -> datetime | None:
     return None if t is None else datetime.fromtimestamp(t, UTC)
-
-
-def json_headers(body: bytes, extra: list[Header]) -> list[Header]:
-    return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-
-
-class Client:
-    """Where a call's response goes: the server's `Exchange`, or an ASGI `send` (see `gateway.proxy`)."""
-
-    push: Callable[[bytes], None] | None = None
-    """Write body bytes synchronously (from the upstream's protocol callback); None when not possible."""
-
-    async def start(self, status: int, headers: list[Header]) -> None:
-        raise NotImplementedError
-
-    async def send(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def end(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def flow(self, hold: Callable[[bool], None] | None) -> None:
-        """Register who to pause while the client is not reading (only where `push` is used)."""
 
 
 class Call:
@@ -129,30 +86,18 @@ class Call:
                 self.injected = True
                 self.metrics.usage_injected += 1
         # response state
+        self.seen = Observed(self.metrics, injected=self.injected, on_forced_usage=self._upstream_forces_usage)
         self.status: int | None = None
         self.headers_at: float | None = None
-        self.first_token: float | None = None
-        self.last_token: float | None = None
-        self.usage: Usage | None = None
-        self.usage_final = False
-        self.usage_problem = ""
-        self.usage_forced = False
-        """The upstream sent usage unasked (it would have without the gateway's request too)."""
-        self.deltas = 0
-        """Content deltas seen (choices with generated text): the count of last resort."""
-        self.reasons: list[str] = []
-        self.chunk_count = 0
         self.client_bytes = 0
-        self.stream_error = False
-        self.request_metrics: dict[str, Any] | None = None
         self.upstream_request_id: str | None = None
         self.response_headers: list[Header] = []
         self.raw: list[bytes] = []
         self.relay: SseRelay | None = None
-        self.terminal_chunks: list[tuple[int, int]] = []
-        """Spans of chunks with a finish reason, held while the usage chunk the gateway asked for may follow."""
         self.watcher: SseWatcher | None = None
         self.decoder: BodyDecoder | None = None
+        self.unreadable = ""
+        """Why the response cannot be read at all (an encoding the gateway cannot undo)."""
         self.client_gone = False
         self.done = False
         self.task: asyncio.Task[Any] | None = None
@@ -185,26 +130,16 @@ class Call:
         self.started_durable = self.recorder.started(event, self.body if digest else None)
 
     def _usage_and_source(self, *, complete: bool) -> tuple[Usage | None, UsageSource, str]:
-        """The call's usage, where it came from and why; `complete`: the response ended normally."""
-        problem = self.usage_problem or (self.watcher.problem if self.watcher else "")
+        problem = self.unreadable or (self.watcher.problem if self.watcher else "")
         problem = problem or (self.relay.problem if self.relay else "")
-        if self.usage is not None and (complete or self.usage_final):
-            return self.usage, "injected" if self.injected and not self.usage_forced else "reported", ""
-        if self.usage is not None:
-            return self.usage, "partial", "the stream ended early: usage as of the last chunk that carried it"
-        if problem:
-            return None, "unreadable", problem
-        if not complete and self.deltas:
-            counted = Usage(prompt_tokens=0, completion_tokens=self.deltas, total_tokens=self.deltas)
-            return counted, "counted", "the stream ended early without usage: content deltas counted"
-        return None, "absent", ""
+        return self.seen.usage_and_source(complete=complete, problem=problem)
 
     def _timings(self) -> Timings:
         return Timings(
             received=_ts(self.received) or datetime.now(UTC),
             upstream_headers=_ts(self.headers_at),
-            first_token=_ts(self.first_token),
-            last_token=_ts(self.last_token),
+            first_token=_ts(self.seen.first_token),
+            last_token=_ts(self.seen.last_token),
             finished=datetime.now(UTC),
         )
 
@@ -224,7 +159,8 @@ class Call:
             return timings
         self.metrics.calls[self.status or 0] += 1
         event: CallFinished | CallFailed
-        if self.stream_error:
+        seen = self.seen
+        if seen.stream_error:
             event = self._failure("stream", "upstream_error_in_stream", "", digest, timings)
             self.metrics.failures["upstream_error_in_stream"] += 1
         else:
@@ -239,10 +175,10 @@ class Call:
                 usage=usage,
                 usage_source=source,
                 usage_detail=detail,
-                finish_reasons=self.reasons,
-                chunk_count=self.chunk_count,
+                finish_reasons=seen.reasons,
+                chunk_count=seen.chunk_count,
                 timings=timings,
-                request_metrics=self.request_metrics,
+                request_metrics=seen.request_metrics,
             )
             self._count_usage(usage, source, detail)
         await self.recorder.finish(event, data)
@@ -279,7 +215,7 @@ class Call:
             usage=usage,
             usage_source=source,
             usage_detail=usage_detail,
-            chunk_count=self.chunk_count,
+            chunk_count=self.seen.chunk_count,
             timings=timings,
         )
 
@@ -290,9 +226,10 @@ class Call:
             log.debug("request_proxied", method=self.method, path=self.path, status=self.status, **extra)
             return
         self.metrics.duration.observe(end - self.received)
-        if self.first_token is not None:
-            self.metrics.ttft.observe(self.first_token - self.received)
-        usage = self.usage
+        first_token = self.seen.first_token
+        if first_token is not None:
+            self.metrics.ttft.observe(first_token - self.received)
+        usage = self.seen.usage
         log.info(
             message,
             call_id=self.call_id,
@@ -303,8 +240,8 @@ class Call:
             model=self.info.model,
             duration_ms=round((end - self.received) * 1000, 3),
             upstream_headers_ms=None if self.headers_at is None else round((self.headers_at - self.received) * 1000, 3),
-            ttft_ms=None if self.first_token is None else round((self.first_token - self.received) * 1000, 3),
-            chunks=self.chunk_count,
+            ttft_ms=None if first_token is None else round((first_token - self.received) * 1000, 3),
+            chunks=self.seen.chunk_count,
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             **extra,
@@ -346,7 +283,7 @@ class Call:
                 response = None
             await self._failed(
                 "stream" if self.info.stream else ("body" if self.status else "headers"),
-                "upstream_error_in_stream" if self.stream_error else "client_disconnected",
+                "upstream_error_in_stream" if self.seen.stream_error else "client_disconnected",
                 "the client closed the connection; the upstream request was cancelled",
                 wait=False,
             )
@@ -367,50 +304,21 @@ class Call:
         await client.start(exc.status, json_headers(body, self._extra_headers()))
         await client.end(body)
 
-    def _choose_relay(self, response: UpstreamResponse) -> tuple[PlainRelay | SseRelay, list[Header]]:
-        """The relay for this response and the headers the client gets."""
-        sse = False
-        encoding = b""
-        for name, value in response.headers:
-            if name == b"content-type" and value.startswith(b"text/event-stream"):
-                sse = True
-            elif name == b"content-encoding":
-                encoding = value
-            elif name == b"x-request-id":
-                self.upstream_request_id = value.decode("latin-1")
-        decoder: BodyDecoder | None = None
-        if self.recorded and encoding:
-            try:
-                decoder = BodyDecoder.for_encoding(encoding)
-            except UnreadableBody as exc:
-                self.usage_problem = str(exc)
-                sse = False  # nothing can be read: relay the bytes as they come
-        self.decoder = decoder
-        out_headers: list[Header]
-        if not sse:
-            relay: PlainRelay | SseRelay = PlainRelay(self.raw)
-            out_headers = response_headers(response.headers)
-        elif decoder is None:
-            relay = self.relay = SseRelay(self.raw, self._observe, cutting=self.injected)
-            out_headers = response_headers(response.headers, drop_length=self.injected)
-        elif self.injected:
-            # A cut is needed and compressed bytes cannot be cut: the client gets the decoded stream
-            # (its HTTP library would have decoded it anyway), without the usage chunk it did not ask for.
-            relay = self.relay = SseRelay(self.raw, self._observe, cutting=True, decoder=decoder)
-            dropped = {b"content-length", b"content-encoding"}
-            out_headers = [(n, v) for n, v in response_headers(response.headers) if n not in dropped]
-        else:
-            self.watcher = SseWatcher(decoder, self._observe)
-            relay = PlainRelay(self.raw, self.watcher)
-            out_headers = response_headers(response.headers)
-        out_headers.extend(self._extra_headers())
-        return relay, out_headers
-
     async def _relay(self, response: UpstreamResponse, client: Client) -> None:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
-        relay, out_headers = self._choose_relay(response)
+        plan = plan_relay(response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected)
+        relay, self.relay, self.watcher, self.decoder, self.unreadable = (
+            plan.relay,
+            plan.sse,
+            plan.watcher,
+            plan.decoder,
+            plan.unreadable,
+        )
+        self.seen.relay = plan.sse
+        self.upstream_request_id = plan.request_id
+        out_headers = [*plan.headers, *self._extra_headers()]
         self.started()
         if self.started_durable is not None:
             await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
@@ -443,116 +351,32 @@ class Call:
             await self._failed("stream" if self.relay else "body", reason, str(exc), wait=True)
             self.done = True
             raise AbortResponse(str(exc)) from exc
-        if isinstance(relay, PlainRelay) and self.watcher is None and self.raw and self.recorded:
-            self._describe_body()
+        if (
+            isinstance(relay, PlainRelay)
+            and self.watcher is None
+            and self.raw
+            and self.recorded
+            and not self.unreadable
+        ):
+            self.seen.body(self.raw[0] if len(self.raw) == 1 else b"".join(self.raw), self.decoder)
+            self.upstream_request_id = self.upstream_request_id or self.seen.request_id
         timings = await self._finished()
         self.done = True
         self.client_bytes += len(tail)
         await client.end(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
-    def _describe_body(self) -> None:
-        """A whole (non-SSE) response body: usage, finish reasons, metrics; decoded first if compressed."""
-        body = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
-        if self.usage_problem:
-            return  # an encoding the gateway cannot undo
-        if self.decoder is not None:
-            try:
-                body = self.decoder.decode(body)
-            except UnreadableBody as exc:
-                self.usage_problem = str(exc)
-                return
-        described = inspect_response(body)
-        self.usage = described.usage
-        self.usage_final = described.usage is not None
-        self.usage_problem = described.usage_problem
-        self.reasons = list(described.finish_reasons)
-        self.request_metrics = described.metrics
-        if self.upstream_request_id is None:
-            self.upstream_request_id = described.request_id
+    def _upstream_forces_usage(self) -> bool:
+        """A stream showed usage on every chunk, unasked; whether to believe it (the setting decides, if set).
 
-    def _observe(self, events: list[SseEvent]) -> int | None:
-        """Note what one read's events say; returns the stream offset of the end marker among them.
-
-        One clock reading per read: tokens that arrive together share a moment, so a stream that came
-        in one read has no decode interval (and no made-up rate).
-        """
-        done: int | None = None
-        now = time.time()
-        relay = self.relay
-        for event in events:
-            data = event.data
-            if data is None:
-                continue
-            if data == _DONE:
-                if done is None:
-                    done = event.start
-                continue
-            info = inspect_chunk(data)
-            if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
-                self.chunk_count += 1
-                self.deltas += 1
-                self.last_token = now
-                if self.first_token is None:
-                    self.first_token = now
-                continue
-            if relay is not None and relay.cutting:
-                if info.per_choice_usage and self.injected:
-                    self._upstream_forces_usage(relay)
-                elif info.usage_only:
-                    self._cut_usage_chunk(relay, event, info.system_fingerprint)
-                elif info.finish_reasons:
-                    if relay.hold_from is None:  # until the usage chunk says what to put back
-                        relay.hold_from = event.start
-                    self.terminal_chunks.append((event.start, event.end))
-            if not (relay is not None and relay.cutting and info.usage_only):
-                self.chunk_count += 1
-            if info.tokens:
-                self.deltas += info.tokens
-                if self.first_token is None:
-                    self.first_token = now
-                self.last_token = now
-            if info.usage is not None:
-                self.usage = info.usage
-                self.usage_final = info.usage_final
-                self.usage_problem = ""
-            elif info.usage_problem:
-                self.usage_problem = info.usage_problem
-            if info.finish_reasons:
-                self.reasons.extend(info.finish_reasons)
-            if info.error:
-                self.stream_error = True
-            if info.metrics is not None:
-                self.request_metrics = info.metrics
-            if info.terminal and done is None:
-                done = event.start
-        self.metrics.chunks += len(events)
-        return done
-
-    def _cut_usage_chunk(self, relay: SseRelay, event: SseEvent, fingerprint: str | None) -> None:
-        """Leave out the usage chunk the client did not ask for, and put back what asking moved."""
-        if fingerprint is not None:
-            restore = fingerprint_restorer(fingerprint)
-            relay.edits.extend((start, end, restore) for start, end in self.terminal_chunks)
-        relay.edits.append((event.start, event.end, cut_event))
-        self.terminal_chunks.clear()
-        relay.hold_from = None
-
-    def _upstream_forces_usage(self, relay: SseRelay) -> None:
-        """Usage on every chunk, unasked: the upstream forces usage (vLLM `--enable-force-include-usage`).
-
-        The client would have received the usage chunk directly, so it is not cut; later streams are
-        not rewritten (unless `LEDGER_UPSTREAM_FORCES_USAGE` says otherwise).
+        Once believed, later streams are not rewritten: the upstream sends their usage anyway.
         """
         if self.proxy.upstream_forces_usage is False:
-            return
-        self.usage_forced = True
-        relay.cutting = False
-        relay.hold_from = None
-        self.terminal_chunks.clear()
+            return False
         if self.proxy.upstream_forces_usage is None:
             self.proxy.upstream_forces_usage = True
             log.info("upstream_forces_usage", upstream=self.proxy.upstream_url, call_id=self.call_id)
+        return True
 
 
 async def _close_quietly(response: UpstreamResponse) -> None:

@@ -19,7 +19,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from gateway.call import AbortResponse, Call, Client, json_headers
+from gateway.call import Call
+from gateway.client import AbortResponse, Client, json_headers
 from gateway.errors import BodyTooLarge, GatewayError
 from gateway.headers import Header, parse_ledger_headers
 from gateway.metrics import Metrics

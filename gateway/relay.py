@@ -13,12 +13,14 @@ meaning: `observe` (the call) does, and returns where the stream's end marker st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from gateway.encoding import BodyDecoder, UnreadableBody
+from gateway.headers import Header, response_headers
 from gateway.sse import SseEvent, SseScanner
 
-__all__ = ("Edit", "Observe", "PlainRelay", "SseRelay", "SseWatcher", "cut_event")
+__all__ = ("Edit", "Observe", "PlainRelay", "RelayPlan", "SseRelay", "SseWatcher", "cut_event", "plan_relay")
 
 Observe = Callable[[list[SseEvent]], int | None]
 """Note what the events say (and edit the relay's stream); return the stream offset of the end marker, if among them."""
@@ -179,3 +181,51 @@ def _edited(pending: bytes, start: int, stop: int, edits: list[Edit]) -> bytes:
     if pos < stop:
         out.append(pending[pos - start : stop - start])
     return b"".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class RelayPlan:
+    relay: PlainRelay | SseRelay
+    headers: list[Header]
+    """The response headers for the client (hop-by-hop ones and what the relay changes left out)."""
+    sse: SseRelay | None = None
+    watcher: SseWatcher | None = None
+    decoder: BodyDecoder | None = None
+    unreadable: str = ""
+    """Why nothing of the body can be read (an encoding that cannot be undone)."""
+    request_id: str | None = None
+
+
+def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *, inspect: bool, cut: bool) -> RelayPlan:
+    """How a response goes to the client, from its headers. `inspect`: decode a compressed copy to read it;
+    `cut`: the gateway asked this stream for usage, so the stream may need edits."""
+    sse = False
+    encoding = b""
+    request_id = None
+    for name, value in headers:
+        if name == b"content-type" and value.startswith(b"text/event-stream"):
+            sse = True
+        elif name == b"content-encoding":
+            encoding = value
+        elif name == b"x-request-id":
+            request_id = value.decode("latin-1")
+    decoder: BodyDecoder | None = None
+    if inspect and encoding:
+        try:
+            decoder = BodyDecoder.for_encoding(encoding)
+        except UnreadableBody as exc:  # nothing can be read: the bytes as they come
+            return RelayPlan(PlainRelay(raw), response_headers(headers), unreadable=str(exc), request_id=request_id)
+    if not sse:
+        return RelayPlan(PlainRelay(raw), response_headers(headers), decoder=decoder, request_id=request_id)
+    if decoder is None:
+        relay = SseRelay(raw, observe, cutting=cut)
+        return RelayPlan(relay, response_headers(headers, drop_length=cut), sse=relay, request_id=request_id)
+    if cut:
+        # Compressed bytes cannot be cut: the client gets the decoded stream (its HTTP library would
+        # have decoded it anyway), without the usage chunk it did not ask for.
+        relay = SseRelay(raw, observe, cutting=True, decoder=decoder)
+        dropped = {b"content-length", b"content-encoding"}
+        kept = [(n, v) for n, v in response_headers(headers) if n not in dropped]
+        return RelayPlan(relay, kept, sse=relay, decoder=decoder, request_id=request_id)
+    watcher = SseWatcher(decoder, observe)
+    return RelayPlan(PlainRelay(raw, watcher), response_headers(headers), watcher=watcher, request_id=request_id)
