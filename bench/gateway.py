@@ -1,8 +1,9 @@
 """Gateway overhead: the same workload direct to the emulator and through `ledger serve`, in one run.
 
     .venv/bin/python bench/gateway.py [--rounds 3] [--calls 400] [--streams 14] [--tokens 400] [--rss-calls 5000]
+    .venv/bin/python bench/gateway.py --upstream http://127.0.0.1:8200 --model tiny ...   # a running (real) vLLM
 
-Starts `ledger emulate` and `ledger serve` (SQLite ledger in a temp dir, strict durability,
+Starts `ledger emulate` (unless `--upstream` names a running server) and `ledger serve` (SQLite ledger in a temp dir, strict durability,
 recording on) as processes, then measures, alternating direct and gateway in each round:
   - non-stream latency (max_tokens=1, sequential; each turn one call to each target, in a shuffled
     order): median and p99; added = gateway - direct. The p99 of a round of 100 calls is about its
@@ -88,7 +89,7 @@ def rss_mib(pid: int) -> float:
 
 def chat(stream: bool, tokens: int, i: int) -> dict[str, object]:
     body: dict[str, object] = {
-        "model": MODEL,
+        "model": MODEL,  # --model sets it
         "messages": [{"role": "user", "content": f"benchmark call {i}"}],
         "max_tokens": tokens,
         "min_tokens": tokens,
@@ -183,17 +184,23 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     subprocess.run([LEDGER, "db", "upgrade", "--db", db], check=True, capture_output=True)
     emu_port, gw_port = free_port(), free_port()
     env = {**os.environ, "LEDGER_LOG_LEVEL": "warning"}
-    emu = subprocess.Popen(
-        [LEDGER, "emulate", "--port", str(emu_port), "--speed", str(args.speed), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    emu: subprocess.Popen[bytes] | None = None
+    if args.upstream:
+        upstream = args.upstream.rstrip("/")
+        emu_port = int(upstream.rsplit(":", 1)[1])
+    else:
+        upstream = f"http://127.0.0.1:{emu_port}"
+        emu = subprocess.Popen(
+            [LEDGER, "emulate", "--port", str(emu_port), "--speed", str(args.speed), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     gw = subprocess.Popen(
         [
             LEDGER,
             "serve",
             "--upstream",
-            f"http://127.0.0.1:{emu_port}",
+            upstream,
             "--port",
             str(gw_port),
             "--db",
@@ -210,10 +217,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     )
     relay_port = free_port()
     relay = subprocess.Popen([sys.executable, RELAY, str(relay_port), str(emu_port)])
-    direct, via = f"http://127.0.0.1:{emu_port}", f"http://127.0.0.1:{gw_port}"
+    direct, via = upstream, f"http://127.0.0.1:{gw_port}"
     bare = f"http://127.0.0.1:{relay_port}"
     try:
-        wait_healthy(direct + "/health", emu)
+        wait_healthy(direct + "/health", emu or gw)
         wait_healthy(via + "/_ledger/health", gw)
         wait_listening(relay_port, relay)
         # Idle connections are dropped after 2 s, well before any server closes them (uvicorn's 5 s
@@ -287,8 +294,9 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             rss_after = rss_samples[-1]
     finally:
         for proc in (relay, gw, emu):
-            proc.terminate()
-            proc.wait(timeout=60)
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=60)
     summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
     summary.update(
         added_latency_p99_ms_all_rounds=round((pct(pooled_gateway, 0.99) - pct(pooled_direct, 0.99)) * 1000, 4),
@@ -303,6 +311,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         streams=args.streams,
         tokens=args.tokens,
         speed=args.speed,
+        upstream=args.upstream or "emulator",
+        model=MODEL,
         durability=args.durability,
         rss_calls=args.rss_calls,
         rss_mib_before=round(rss_before, 1),
@@ -328,4 +338,8 @@ if __name__ == "__main__":
         "--no-projections", action="store_true", help="serve without the in-process projection follower"
     )
     parser.add_argument("--rss-calls", type=int, default=5000)
-    print(json.dumps(asyncio.run(main(parser.parse_args())), indent=2))
+    parser.add_argument("--upstream", default=None, help="a running OpenAI-compatible server (e.g. real vLLM)")
+    parser.add_argument("--model", default=MODEL, help="the model name the upstream serves")
+    arguments = parser.parse_args()
+    MODEL = arguments.model
+    print(json.dumps(asyncio.run(main(arguments)), indent=2))
