@@ -35,7 +35,7 @@ from projections._slim import SFailed, SFinished, SStarted, decode_slim
 from projections._sqlite_digest import CHILD_FROM, split_digest
 from projections.tables import calls
 
-__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "fold_call", "rows_digest")
+__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "decode_rate_note", "fold_call", "rows_digest")
 
 Row = dict[str, Any]
 CALL_COLUMNS: tuple[str, ...] = tuple(c.name for c in calls.columns)
@@ -105,6 +105,21 @@ def _derive(row: Row) -> Row:
     out = row["output_tokens"]
     row["decode_tps"] = (out - 1) / decode_s if decode_s and decode_s > 0 and out > 1 else None
     return row
+
+
+def decode_rate_note(
+    decode_tps: float | None, output_tokens: int, first: datetime | None, last: datetime | None
+) -> str | None:
+    """Why a call has no decode rate (`_derive`'s rule, in words); None when it has one."""
+    if decode_tps is not None:
+        return None
+    if output_tokens <= 1:
+        return "at most one output token: no decode interval"
+    if first is None or last is None:
+        return "no token timings (not a stream, or no token arrived)"
+    if last <= first:
+        return "every token arrived in one read: no decode interval to divide by"
+    return None  # pragma: no cover - _derive gives a rate in every other case
 
 
 def _blank(version: int, call_id: str, started_at: datetime) -> Row:

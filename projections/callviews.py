@@ -20,6 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from ledger.db import Database
 from projections._aggregate import run_filter
+from projections.calls import decode_rate_note
 from projections.errors import NotFound
 from projections.reports import live_versions
 from projections.rows import CallsPage, CallView
@@ -33,7 +34,8 @@ _VIEW_COLUMNS = [c for c in calls.columns if c.name not in ("version", "last_pos
 
 def _view(row: Any, in_flight: int) -> CallView:
     fields = {k: row[k] for k in CallView.__struct_fields__ if k in row and k != "tags"}
-    return CallView(**fields, tags=_tags.decode(row["tags"]), in_flight=in_flight)
+    note = decode_rate_note(row["decode_tps"], row["output_tokens"], row["first_token_at"], row["last_token_at"])
+    return CallView(**fields, tags=_tags.decode(row["tags"]), in_flight=in_flight, decode_tps_note=note)
 
 
 async def _in_flight(conn: AsyncConnection, version: int, row: Any) -> int:

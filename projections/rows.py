@@ -108,6 +108,8 @@ class CallView(msgspec.Struct, frozen=True, kw_only=True):
     retags: int
     request_blob: str | None = None
     response_blob: str | None = None
+    decode_tps_note: str | None = None
+    """Why `decode_tps` is null, when it is."""
 
 
 class CallsPage(msgspec.Struct, frozen=True, kw_only=True):

@@ -113,3 +113,13 @@ async def test_untagged_calls_grouped_by_gaps(database: Database) -> None:
     assert exported == ["a", "b"]
     short = await runs_report(database, run_gap_s=300)
     assert len(short) == 4
+
+
+async def test_a_call_without_a_decode_interval_has_no_rate_and_says_why(database: Database) -> None:
+    one_read = finished("one-read", 0, 2, completion=300, ttft=1.9)  # first token = last token: one read
+    await append(
+        database, started("one-read", 0), one_read, started("one-token", 3), finished("one-token", 3, 4, completion=1)
+    )
+    call = await get_call(database, "one-read")
+    assert call.decode_tps is None and call.decode_tps_note is not None and "one read" in call.decode_tps_note
+    assert (await get_call(database, "one-token")).decode_tps_note == "at most one output token: no decode interval"
