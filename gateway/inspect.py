@@ -117,7 +117,10 @@ def inspect_request(body: bytes) -> RequestInfo:
 
 def _lenient_request(body: bytes) -> _Request:
     """A request with a member of an unexpected type: every member that does fit is still read."""
-    obj = _any_decoder.decode(body)
+    try:
+        obj = _any_decoder.decode(body)
+    except msgspec.DecodeError:  # e.g. a number out of range: nothing can be read generically either
+        return _Request()
     if not isinstance(obj, dict):
         return _Request()
     kept = {}

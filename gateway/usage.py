@@ -96,7 +96,10 @@ def _read_metrics(raw: msgspec.Raw) -> dict[str, Any] | None:
     """vLLM's per-request `metrics` block, whatever its members (stored as sent)."""
     if _is_null(raw):
         return None
-    value = _any_decoder.decode(raw)
+    try:
+        value = _any_decoder.decode(raw)
+    except msgspec.DecodeError:  # e.g. a number out of range
+        return None
     return value if isinstance(value, dict) else {"value": value}
 
 

@@ -103,3 +103,12 @@ async def test_invalid_ledger_headers_400(rig: Rig, header: tuple[str, str]) -> 
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_ledger_header"
     assert rig.upstream.requests == [] and await rig.events() == []
+
+
+def test_a_request_member_of_an_odd_type_costs_only_that_member() -> None:
+    from gateway.inspect import inspect_request
+
+    info = inspect_request(b'{"model": 7, "stream": true, "max_tokens": 5, "temperature": "hot"}')
+    assert info.stream and info.model is None and info.sampling.max_tokens == 5 and info.sampling.temperature is None
+    assert inspect_request(b'{"model": 1e999999, "stream": true}').stream is False  # nothing readable at all
+    assert inspect_request(b'{"model": "m", "max_output_tokens": 9}').sampling.max_tokens == 9  # Responses API

@@ -178,6 +178,18 @@ def test_python_json_dialect_still_gives_the_usage() -> None:
     assert inspect_chunk(chunk).usage_final
 
 
+def test_numbers_out_of_range_cost_nothing_else() -> None:
+    body = (
+        _b({**CHAT, "metrics": {"x": 1}})
+        .replace(b'"x": 1', b'"x": 1e999999')
+        .replace(b'"created": 1', b'"created": 1e400')
+    )
+    info = inspect_response(body)
+    assert info.usage is not None and info.usage.completion_tokens == 30 and info.metrics is None
+    chunk = _b({"choices": [], "usage": CHAT_USAGE, "metrics": {"x": 1}}).replace(b'"x": 1', b'"x": 1e999999')
+    assert inspect_chunk(chunk).usage is not None
+
+
 def test_stream_error_chunk() -> None:
     assert inspect_chunk(_b({"error": {"message": "x", "code": 500}})).error
     assert not inspect_chunk(_b({**CONTENT, "error": None})).error
