@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import msgspec
 
 from emulator.asgi import Receive, Scope, Send, read_body, respond
 from emulator.bodies import ModelCard, ModelList, ModelPermission
 from emulator.config import EmulatorConfig
+from emulator.embeddings import handle_embeddings
 from emulator.engine import Engine
 from emulator.generate import handle_generate
+from emulator.responses import handle_responses
 from emulator.tokenizer import decode, encode, render_chat
+from emulator.version import VLLM_VERSION
 from emulator.wire import DetokenizeRequest, TokenizeRequest, error_body
 
 __all__ = ("VLLM_VERSION", "EmulatorApp", "create_app")
 
-VLLM_VERSION = "0.11.0"
 _encode = msgspec.json.Encoder().encode
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+
+
+Handler = Callable[[EmulatorConfig, Engine, Scope, Receive, Send], Awaitable[None]]
 
 
 class _Tokenized(msgspec.Struct):
@@ -52,7 +59,16 @@ class EmulatorApp:
             ("GET", "/emulator/requests"): self._requests,
             ("GET", "/emulator/clock"): self._clock,
         }
-        self._paths = {path for _, path in self._routes} | {"/v1/chat/completions", "/v1/completions"}
+        self._inference: dict[str, Handler]
+        if config.runner == "pooling":
+            self._inference = {"/v1/embeddings": handle_embeddings}
+        else:
+            self._inference = {
+                "/v1/chat/completions": handle_generate,
+                "/v1/completions": handle_generate,
+                "/v1/responses": handle_responses,
+            }
+        self._paths = {path for _, path in self._routes} | set(self._inference)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -60,8 +76,9 @@ class EmulatorApp:
             self.engine.start()
             path: str = scope["path"]
             method: str = scope["method"]
-            if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
-                await handle_generate(self.config, self.engine, scope, receive, send)
+            handler = self._inference.get(path) if method == "POST" else None
+            if handler is not None:
+                await handler(self.config, self.engine, scope, receive, send)
                 return
             route = self._routes.get((method, path))
             if route is not None:

@@ -1,9 +1,15 @@
-"""Non-streamed response bodies (chat, completions, models) in vLLM's field layout."""
+"""Non-streamed response bodies (chat, completions, models) in vLLM 0.32's field layout.
+
+vLLM dumps these with `model_dump()`: every field is present, nulls included; a chat message
+drops `tool_calls` while it is empty.
+"""
 
 from __future__ import annotations
 
 import msgspec
 
+from emulator.logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprob
+from emulator.per_request import PerRequestMetrics
 from emulator.wire import Usage
 
 __all__ = (
@@ -25,49 +31,63 @@ class ChatResponseMessage(msgspec.Struct):
     annotations: None = None
     audio: None = None
     function_call: None = None
-    tool_calls: list[str] = msgspec.field(default_factory=list)
-    reasoning_content: None = None
+    reasoning: None = None
 
 
-class ChatChoice(msgspec.Struct):
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
     message: ChatResponseMessage
     finish_reason: str
     index: int = 0
-    logprobs: None = None
-    stop_reason: None = None
+    logprobs: ChatLogprobs | None = None
+    stop_reason: str | int | None = None
+    token_ids: None = None
+    routed_experts: None = None
 
 
-class ChatCompletion(msgspec.Struct):
+class ChatCompletion(msgspec.Struct, kw_only=True):
     id: str
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    metrics: PerRequestMetrics | None = None
+    system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     object: str = "chat.completion"
     service_tier: None = None
-    system_fingerprint: None = None
-    prompt_logprobs: None = None
+    prompt_token_ids: None = None
+    prompt_text: None = None
     kv_transfer_params: None = None
+    ec_transfer_params: None = None
 
 
-class CompletionChoice(msgspec.Struct):
+class CompletionChoice(msgspec.Struct, kw_only=True):
     text: str
     finish_reason: str
     index: int = 0
-    logprobs: None = None
-    stop_reason: None = None
-    prompt_logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
+    stop_reason: str | int | None = None
+    token_ids: None = None
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: None = None
+    routed_experts: None = None
 
 
-class Completion(msgspec.Struct):
+class Completion(msgspec.Struct, kw_only=True):
     id: str
     created: int
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    metrics: PerRequestMetrics | None = None
+    system_fingerprint: str | None = None
     object: str = "text_completion"
-    system_fingerprint: None = None
+    service_tier: None = None
     kv_transfer_params: None = None
+    ec_transfer_params: None = None
 
 
 class ModelPermission(msgspec.Struct):

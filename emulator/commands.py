@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from emulator.config import PROFILES, EmulatorConfig, profile_config
+from emulator.config import PROFILES, RUNNERS, SPEC_DECODE_METRICS_LEVELS, EmulatorConfig, profile_config
 from emulator.faults import FaultError, parse_faults
 
 __all__ = ("add_arguments", "build_config", "main", "register")
@@ -25,6 +25,7 @@ _OVERRIDES: tuple[tuple[str, type, str], ...] = (
     ("mean_output_tokens", int, "mean natural completion length"),
     ("output_spread", float, "natural length = mean * (1 +- spread), uniform"),
     ("seed", int, "seed of the acceptance draws"),
+    ("embedding_dim", int, "length of /v1/embeddings vectors (default 256)"),
 )
 
 
@@ -41,8 +42,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=sorted(PROFILES), default="moe")
     p.add_argument("--speed", type=float, default=1.0, help="emulated clock runs X times faster than real time")
     p.add_argument("--model", default=None, help="served model name (default: the profile's)")
+    p.add_argument(
+        "--runner",
+        choices=RUNNERS,
+        default="generate",
+        help="generate: chat/completions/responses; pooling: /v1/embeddings only (vLLM's --runner)",
+    )
     p.add_argument("--fault", action="append", default=[], help="fault applied to every request (see docs)")
     p.add_argument("--enable-prompt-tokens-details", action="store_true", help="usage.prompt_tokens_details")
+    p.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="usage on every streamed chunk and a usage-only chunk, whatever the client asked (vLLM's flag)",
+    )
+    p.add_argument(
+        "--enable-per-request-metrics",
+        action="store_true",
+        help="a per-request timing `metrics` block in responses and the final stream chunk (vLLM's flag)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        choices=SPEC_DECODE_METRICS_LEVELS,
+        default="none",
+        help="metrics.speculative_decoding per request: summary, or detailed with per-step arrays "
+        "(needs --spec-tokens > 0, the profiles' MTP)",
+    )
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accept tool_choice=auto (vLLM's flag; needs --tool-call-parser; the answer is text, never a call)",
+    )
+    p.add_argument("--tool-call-parser", default=None, help="accepted for vLLM parity (any name)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     for name, kind, help_text in _OVERRIDES:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -60,6 +90,12 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         speed=args.speed,
         faults=tuple(args.fault),
         prompt_tokens_details=args.enable_prompt_tokens_details,
+        enable_force_include_usage=args.enable_force_include_usage,
+        enable_per_request_metrics=args.enable_per_request_metrics,
+        per_request_spec_decode_metrics=args.per_request_spec_decode_metrics,
+        runner=args.runner,
+        enable_auto_tool_choice=args.enable_auto_tool_choice,
+        tool_call_parser=args.tool_call_parser,
         **overrides,
     )
 

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-__all__ = ("PROFILES", "EmulatorConfig", "profile_config")
+__all__ = (
+    "PROFILES",
+    "RUNNERS",
+    "SPEC_DECODE_METRICS_LEVELS",
+    "EmulatorConfig",
+    "Runner",
+    "SpecDecodeMetricsLevel",
+    "profile_config",
+)
+
+SpecDecodeMetricsLevel = Literal["none", "summary", "detailed"]
+SPEC_DECODE_METRICS_LEVELS: tuple[SpecDecodeMetricsLevel, ...] = ("none", "summary", "detailed")
+Runner = Literal["generate", "pooling"]
+RUNNERS: tuple[Runner, ...] = ("generate", "pooling")
 
 
 class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -17,9 +30,19 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         step_base_s + step_per_seq_s * decoding_seqs
         + step_per_ctx_token_s * (context tokens of the decoding sequences)
         + prefill_per_token_s * (prompt tokens prefilled in this step)
+
+    `spec_tokens > 0` is the emulated speculative decoding (MTP): each decode step drafts that
+    many tokens and accepts them at `acceptance_rate`. The vLLM server flags keep vLLM's names:
+    `prompt_tokens_details` (`--enable-prompt-tokens-details`), `enable_force_include_usage`,
+    `enable_per_request_metrics`, `per_request_spec_decode_metrics` (`none|summary|detailed`,
+    needs `spec_tokens > 0`, as vLLM needs `--speculative-config`), `enable_auto_tool_choice`
+    with `tool_call_parser` (tools are accepted; the emulator answers with text, never a call).
+    `runner` is vLLM's `--runner`: a `generate` server serves chat, completions and responses, a
+    `pooling` one `/v1/embeddings` only (the other's paths are 404, as in vLLM).
     """
 
     model: str = "emulator-moe"
+    runner: Runner = "generate"
     max_model_len: int = 65536
     max_num_seqs: int = 14
     max_num_batched_tokens: int = 8192
@@ -34,6 +57,12 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     speed: float = 1.0
     seed: int = 0
     prompt_tokens_details: bool = False
+    enable_force_include_usage: bool = False
+    enable_per_request_metrics: bool = False
+    per_request_spec_decode_metrics: SpecDecodeMetricsLevel = "none"
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    embedding_dim: int = 256
     faults: tuple[str, ...] = ()
     max_request_log: int = 100_000
 
@@ -48,6 +77,21 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"spec_tokens must be >= 0, got {self.spec_tokens}")
         if not 0.0 <= self.output_spread < 1.0:
             raise ValueError(f"output_spread must be within [0, 1), got {self.output_spread}")
+        if self.per_request_spec_decode_metrics not in SPEC_DECODE_METRICS_LEVELS:
+            raise ValueError(
+                f"per_request_spec_decode_metrics must be one of {', '.join(SPEC_DECODE_METRICS_LEVELS)}, "
+                f"got {self.per_request_spec_decode_metrics!r}"
+            )
+        if self.per_request_spec_decode_metrics != "none" and self.spec_tokens == 0:
+            raise ValueError(
+                "--per-request-spec-decode-metrics requires speculative decoding to be enabled (spec_tokens > 0)."
+            )
+        if self.runner not in RUNNERS:
+            raise ValueError(f"runner must be one of {', '.join(RUNNERS)}, got {self.runner!r}")
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
+        if self.embedding_dim < 1:
+            raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
 
 
 # Calibrated with `python bench/emulator.py calibrate` against DESIGN §7 (seed workload:

@@ -43,7 +43,7 @@ class Engine:
     def __init__(self, config: EmulatorConfig):
         self.config = config
         self.scheduler = Scheduler(config)
-        self.metrics = Metrics(config.model, config.spec_tokens)
+        self.metrics = Metrics(config.model, config.spec_tokens, created=time.time())
         self.records: deque[RequestRecord] = deque(maxlen=config.max_request_log)
         self._speed = config.speed
         self._anchor_real = time.monotonic()

@@ -38,14 +38,24 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
-class Metrics:
-    """Counters, gauges and histograms, updated by the engine in emulated seconds."""
+def _labels(**labels: str) -> str:
+    """Label pairs in name order, as vLLM 0.32's exposition writes them (`engine`, `le`, `model_name`)."""
+    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
 
-    def __init__(self, model: str, spec_tokens: int):
+
+class Metrics:
+    """Counters, gauges and histograms, updated by the engine in emulated seconds.
+
+    Rendered as prometheus_client's text format: a counter `x` is `# TYPE x_total counter` with
+    `x_total` samples, and every counter and histogram has its `x_created` gauge (start time).
+    """
+
+    def __init__(self, model: str, spec_tokens: int, created: float = 0.0):
         self.model = model
+        self.created = created
         self.prompt_tokens = 0
         self.generation_tokens = 0
-        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0}
+        self.success: dict[str, int] = {"stop": 0, "length": 0, "abort": 0, "error": 0, "repetition": 0}
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -54,24 +64,32 @@ class Metrics:
     def render(
         self, *, running: int, waiting: int, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]
     ) -> str:
-        labels = f'engine="0",model_name="{self.model}"'
+        base = {"engine": "0", "model_name": self.model}
+        labels = _labels(**base)
+        created = _num(self.created)
         out: list[str] = []
 
         def metric(name: str, kind: str, help_text: str) -> None:
             out.append(f"# HELP {name} {help_text}")
             out.append(f"# TYPE {name} {kind}")
 
+        def counter(name: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+            metric(name + "_total", "counter", help_text)
+            out.extend(f"{name}_total{{{lab}}} {_num(value)}" for lab, value in samples)
+            metric(name + "_created", "gauge", help_text)
+            out.extend(f"{name}_created{{{lab}}} {created}" for lab, _ in samples)
+
         metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
         out.append(f"vllm:num_requests_running{{{labels}}} {_num(running)}")
         metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
         out.append(f"vllm:num_requests_waiting{{{labels}}} {_num(waiting)}")
-        metric("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.")
-        out.append(f"vllm:prompt_tokens_total{{{labels}}} {_num(self.prompt_tokens)}")
-        metric("vllm:generation_tokens", "counter", "Number of generation tokens processed.")
-        out.append(f"vllm:generation_tokens_total{{{labels}}} {_num(self.generation_tokens)}")
-        metric("vllm:request_success", "counter", "Count of successfully processed requests.")
-        for reason, count in self.success.items():
-            out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_num(count)}')
+        counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [(labels, self.prompt_tokens)])
+        counter("vllm:generation_tokens", "Number of generation tokens processed.", [(labels, self.generation_tokens)])
+        counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [(_labels(**base, finished_reason=reason), count) for reason, count in self.success.items()],
+        )
         for name, hist, help_text in (
             ("vllm:time_to_first_token_seconds", self.ttft, "Histogram of time to first token in seconds."),
             ("vllm:inter_token_latency_seconds", self.itl, "Histogram of inter-token latency in seconds."),
@@ -81,20 +99,19 @@ class Metrics:
             cumulative = 0
             for bound, count in zip(hist.bounds, hist.counts, strict=False):
                 cumulative += count
-                out.append(f'{name}_bucket{{{labels},le="{bound}"}} {_num(cumulative)}')
-            out.append(f'{name}_bucket{{{labels},le="+Inf"}} {_num(hist.n)}')
+                out.append(f"{name}_bucket{{{_labels(**base, le=str(bound))}}} {_num(cumulative)}")
+            out.append(f"{name}_bucket{{{_labels(**base, le='+Inf')}}} {_num(hist.n)}")
             out.append(f"{name}_count{{{labels}}} {_num(hist.n)}")
             out.append(f"{name}_sum{{{labels}}} {_num(hist.total)}")
+            metric(name + "_created", "gauge", help_text)
+            out.append(f"{name}_created{{{labels}}} {created}")
         if self.spec_tokens:
-            metric("vllm:spec_decode_num_drafts", "counter", "Number of spec decoding drafts.")
-            out.append(f"vllm:spec_decode_num_drafts_total{{{labels}}} {_num(drafts)}")
-            metric("vllm:spec_decode_num_draft_tokens", "counter", "Number of draft tokens.")
-            out.append(f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {_num(draft_tokens)}")
-            metric("vllm:spec_decode_num_accepted_tokens", "counter", "Number of accepted tokens.")
-            out.append(f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {_num(accepted)}")
-            metric("vllm:spec_decode_num_accepted_tokens_per_pos", "counter", "Accepted tokens per draft position.")
-            for pos, count in enumerate(per_pos):
-                out.append(
-                    f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{pos}"}} {_num(count)}'
-                )
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [(labels, drafts)])
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [(labels, draft_tokens)])
+            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [(labels, accepted)])
+            counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [(_labels(**base, position=str(pos)), count) for pos, count in enumerate(per_pos)],
+            )
         return "\n".join(out) + "\n"

@@ -5,7 +5,13 @@ partially prefilled prompts, then waiting requests admitted while fewer than `ma
 run and the token budget lasts. A sequence whose prefill completes in a step emits its first
 token at the end of that step; a decoding sequence emits 1 + accepted draft tokens, where each
 draft position is accepted with probability `r` given the previous one was (so the overall
-acceptance per drafted token equals `acceptance_rate`).
+acceptance per drafted token equals `acceptance_rate`). A pooling sequence (embeddings) is
+done when its prefill completes and emits no token.
+
+With `per_request_spec_decode_metrics` on, each sequence keeps vLLM's per-request counters
+(`RequestSpecDecodeMetrics`): a histogram of accepted drafts per verify step and the drafted
+total, plus the ordered per-step arrays at `detailed`. They only count; the draws and the
+timing are the same with the counters on or off.
 """
 
 from __future__ import annotations
@@ -34,12 +40,27 @@ class Sequence:
         "generated",
         "output_tokens",
         "pending",
+        "per_step_accepted",
+        "per_step_drafted",
+        "pooling",
         "prompt_tokens",
         "request_id",
+        "scheduled_at",
+        "spec_drafted",
+        "spec_hist",
         "waiter",
     )
 
-    def __init__(self, request_id: str, prompt_tokens: int, output_tokens: int, finish_reason: str, arrival: float):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        finish_reason: str,
+        arrival: float,
+        *,
+        pooling: bool = False,
+    ):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
@@ -47,12 +68,19 @@ class Sequence:
         self.arrival = arrival
         self.computed = 0
         self.generated = 0
+        self.pooling = pooling
+        self.scheduled_at: float | None = None  # start of the first step that computed it
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
         self.done = False
         self.aborted = False
         self.pending: list[int] = []  # tokens emitted per step, not yet delivered to the client
         self.waiter: Any = None  # the asyncio future the request handler sleeps on
+        # per-request spec-decode counters (None unless per_request_spec_decode_metrics is on)
+        self.spec_hist: list[int] | None = None  # verify steps by accepted drafts, len spec_tokens + 1
+        self.spec_drafted = 0
+        self.per_step_accepted: list[int] | None = None  # `detailed` only
+        self.per_step_drafted: list[int] | None = None
 
 
 class StepPlan:
@@ -96,8 +124,16 @@ class Scheduler:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_per_pos = [0] * config.spec_tokens
+        level = config.per_request_spec_decode_metrics
+        self._track_spec = level != "none" and config.spec_tokens > 0
+        self._track_steps = self._track_spec and level == "detailed"
 
     def add(self, seq: Sequence) -> None:
+        if self._track_spec and not seq.pooling:
+            seq.spec_hist = [0] * (self.config.spec_tokens + 1)
+            if self._track_steps:
+                seq.per_step_accepted = []
+                seq.per_step_drafted = []
         self.waiting.append(seq)
 
     def abort(self, seq: Sequence) -> None:
@@ -158,13 +194,19 @@ class Scheduler:
     def complete(self, plan: StepPlan, t_end: float) -> list[Sequence]:
         """Apply `plan` at emulated time `t_end`; returns the sequences that emitted tokens."""
         touched: list[Sequence] = []
+        t_start = t_end - plan.dt
         for seq, chunk in plan.prefills:
             if seq.aborted:
                 continue
+            if seq.scheduled_at is None:
+                seq.scheduled_at = t_start
             seq.computed += chunk
             if seq.computed >= seq.prompt_tokens:
                 seq.first_token_at = t_end
-                self._emit(seq, 1, t_end)
+                if seq.pooling:
+                    self._finish_pooling(seq, t_end)
+                else:
+                    self._emit(seq, 1, t_end)
                 touched.append(seq)
         k = self.config.spec_tokens
         r = self._r
@@ -181,6 +223,13 @@ class Scheduler:
                 accepted += 1
             accepted_total += accepted
             n_drafted += 1
+            hist = seq.spec_hist
+            if hist is not None:
+                hist[accepted] += 1
+                seq.spec_drafted += k
+                if seq.per_step_accepted is not None and seq.per_step_drafted is not None:
+                    seq.per_step_accepted.append(accepted)
+                    seq.per_step_drafted.append(k)
             self._emit(seq, 1 + accepted, t_end)
             touched.append(seq)
         if k:
@@ -188,6 +237,12 @@ class Scheduler:
             self.draft_tokens += n_drafted * k
             self.accepted_tokens += accepted_total
         return touched
+
+    def _finish_pooling(self, seq: Sequence, t_end: float) -> None:
+        seq.pending.append(0)
+        seq.done = True
+        seq.finished_at = t_end
+        self.running.remove(seq)
 
     def _emit(self, seq: Sequence, n: int, t_end: float) -> None:
         n = min(n, seq.output_tokens - seq.generated)
