@@ -151,12 +151,12 @@ class Call:
 
     async def _finished(self) -> Timings:
         """Record the final event (strict: until durable); the caller then sends the last bytes and logs."""
-        digest, data, size = self._raw_body()
         timings = self._timings()
-        self.metrics.response_bytes += size
         if not self.recorded:
             self.metrics.passed_through += 1
             return timings
+        digest, data, size = self._raw_body()
+        self.metrics.response_bytes += size
         self.metrics.calls[self.status or 0] += 1
         event: CallFinished | CallFailed
         seen = self.seen
@@ -193,10 +193,10 @@ class Call:
             log.warning("usage_unreadable", call_id=self.call_id, path=self.path, detail=detail)
 
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
-        digest, data, _ = self._raw_body()
         timings = self._timings()
         self.metrics.failures[reason] += 1
         if self.recorded:
+            digest, data, _ = self._raw_body()
             event = self._failure(phase, reason, detail, digest, timings)
             await self.recorder.finish(event, data, wait=wait)
         self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)

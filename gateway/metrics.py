@@ -82,7 +82,7 @@ class Metrics:
             ("ledger_gateway_stream_chunks_total", "counter", self.chunks, "SSE events relayed."),
             ("ledger_gateway_prompt_tokens_total", "counter", self.prompt_tokens, "Prompt tokens of recorded calls."),
             ("ledger_gateway_completion_tokens_total", "counter", self.completion_tokens, "Completion tokens."),
-            ("ledger_gateway_response_bytes_total", "counter", self.response_bytes, "Response bytes relayed."),
+            ("ledger_gateway_response_bytes_total", "counter", self.response_bytes, "Response bytes, calls."),
             ("ledger_gateway_usage_injected_total", "counter", self.usage_injected, "Streams asked for usage."),
             ("ledger_gateway_passed_through_total", "counter", self.passed_through, "Requests that are no calls."),
             ("ledger_gateway_record_failures_total", "counter", self.record_failures, "Events lost."),
