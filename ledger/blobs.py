@@ -17,7 +17,7 @@ from ledger.errors import BlobNotFound
 from ledger.events import utc_now
 from ledger.schema import blobs
 
-__all__ = ("BlobCompressor", "PreparedBlob", "blob_hash", "read_blob", "redact_blob", "write_blobs")
+__all__ = ("BlobCompressor", "PreparedBlob", "blob_hash", "blob_redacted_at", "read_blob", "redact_blob", "write_blobs")
 
 # Bodies shorter than this are stored raw: zstd's frame overhead would make them larger.
 _MIN_COMPRESS = 64
@@ -104,6 +104,15 @@ async def read_blob(conn: AsyncConnection, digest: str) -> bytes:
         raise BlobNotFound(f"blob {digest} was redacted at {row.redacted_at.isoformat()}")
     content: bytes = row.content
     return _decompressor.decompress(content) if row.codec == "zstd" else content
+
+
+async def blob_redacted_at(conn: AsyncConnection, digest: str) -> datetime | None:
+    """When a stored blob was redacted (None: its content is still stored); `BlobNotFound` if unknown."""
+    row = (await conn.execute(select(blobs.c.redacted_at).where(blobs.c.hash == digest))).one_or_none()
+    if row is None:
+        raise BlobNotFound(f"no blob {digest} in the ledger")
+    redacted_at: datetime | None = row.redacted_at
+    return redacted_at
 
 
 async def redact_blob(conn: AsyncConnection, digest: str) -> bool:

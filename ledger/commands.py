@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -12,9 +13,9 @@ from typing import Any
 import msgspec
 
 from ledger.append import append_events, translate_db_error
-from ledger.blobs import redact_blob
+from ledger.blobs import blob_redacted_at, redact_blob
 from ledger.db import Database, open_database
-from ledger.errors import ConfigError, LedgerError
+from ledger.errors import BlobNotFound, ConfigError, LedgerError
 from ledger.events import BlobRedacted, new_event
 from ledger.log import configure_logging
 from ledger.migrate import require_head, upgrade_database
@@ -25,6 +26,8 @@ from ledger.verify import verify_chain
 from ledger.writer import replay_spool
 
 __all__ = ("add_db_option", "open_checked", "register", "run_command", "settings_from_args")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +85,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_db_option(redact)
     redact.add_argument("blob_hash", metavar="HASH")
     redact.add_argument("--reason", required=True)
+    redact.add_argument(
+        "--force", action="store_true", help="append blob.redacted even if the hash is unknown or already redacted"
+    )
     redact.set_defaults(func=_redact)
 
 
@@ -185,18 +191,42 @@ def _spool_replay(args: argparse.Namespace) -> int:
 def _redact(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
+        digest = args.blob_hash.strip().lower()
+        if not _HEX64.fullmatch(digest):
+            raise ConfigError(
+                f"{args.blob_hash!r} is not a blob hash: expected 64 hex digits "
+                "(copy it from the body lines of `ledger show call ID`)"
+            )
+        if not args.reason.strip():
+            raise ConfigError("--reason must say why the body is erased")
         database = await open_checked(settings)
         try:
-            digest = args.blob_hash.lower()
+            try:
+                async with database.engine.connect() as conn:
+                    redacted_at = await blob_redacted_at(conn, digest)
+            except BlobNotFound:
+                if not args.force:
+                    raise BlobNotFound(
+                        f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
+                        "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
+                    ) from None
+                redacted_at = None
+            if redacted_at is not None and not args.force:
+                print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
+                return 0
             await append_events(
                 database, [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=f"blob-{digest}")]
             )
             async with database.engine.begin() as conn:
                 changed = await redact_blob(conn, digest)
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
         finally:
             await database.dispose()
         print(
-            f"blob {digest} redacted" if changed else f"blob {digest}: nothing to redact (unknown or already redacted)"
+            f"blob {digest} redacted"
+            if changed
+            else f"blob.redacted appended (--force); blob {digest}: nothing to erase (unknown or already redacted)"
         )
         return 0
 

@@ -33,7 +33,7 @@ from projections.engine import (
     rebuild_projection,
     set_formula,
 )
-from projections.errors import ImportFailed, ProjectionError
+from projections.errors import ImportFailed, NotFound, ProjectionError
 from projections.export import export_calls, show_call, show_run
 from projections.importer import import_file
 from projections.reports import daily_report, parse_zone, recompute_report, runs_report, tickers_report, weekday_mean
@@ -287,6 +287,8 @@ def annotate_command(args: argparse.Namespace) -> int:
         stream = f"run-{args.run}" if args.run else "run-range"
         database = await open_checked(settings)
         try:
+            if args.run and not args.force:
+                await _require_run(database, args.run, settings.run_gap_s)
             result = await append_events(database, [new_event(body, stream=stream)])
         finally:
             await database.dispose()
@@ -294,6 +296,18 @@ def annotate_command(args: argparse.Namespace) -> int:
         return 0
 
     return run_command(main)
+
+
+async def _require_run(database: Database, run: str, run_gap_s: float) -> None:
+    """Refuse a run no call carries (a typo would otherwise append a permanent, dangling label)."""
+    try:
+        await runs_report(database, run=run, run_gap_s=run_gap_s)
+    except NotFound:
+        raise NotFound(
+            f"--run {run!r}: no call in the ledger carries that run, nothing appended; check the name with "
+            "`ledger report runs` (an X-Ledger-Run value, an import's run, or an auto-… name), "
+            "or pass --force to label it anyway"
+        ) from None
 
 
 def retag_command(args: argparse.Namespace) -> int:

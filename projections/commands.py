@@ -79,6 +79,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--model")
     p.add_argument("--kind", choices=("nightly", "comparison"))
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
+    p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")
     p.set_defaults(func=_cli.annotate_command)
 
     p = sub.add_parser("retag", help="correct a call's run or tags (appends call.retagged; history stays)")

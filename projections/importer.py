@@ -2,8 +2,15 @@
 
 - Atomic per file: the whole file is parsed first and appended in one transaction; a bad row
   means nothing of the file is imported, unless `skip_invalid`.
-- Idempotent: an event id is a UUIDv5 over the source name, the row's canonical content and its
-  occurrence number among identical rows, so re-importing the same file adds nothing.
+- Identity comes from content, never from the file name or `--source`: an event id is a UUIDv5
+  over the row's canonical content (sorted keys) and its occurrence number among identical rows of
+  the file. Re-importing the same file, or a renamed copy, adds nothing; a row without `call_id`
+  gets `imp-<event id>`. (Rows stored under the older, source-scoped ids count as present too.)
+- A `call_id` already in the ledger with different content (another file, an earlier import, a
+  gateway call) is a bad row naming both places; the same call again (only `source`/`line`
+  differ) is a duplicate. Within one file a repeated `call_id` is a bad row.
+- JSONL values keep their JSON types: a count or seconds given as a string (`"12"`) is a bad row.
+  CSV cells are text, so they are parsed, and counts must still be whole numbers.
 - Errors read `file:line: reason`.
 """
 
@@ -21,16 +28,16 @@ from typing import Any, Literal
 
 import msgspec
 
-from ledger.append import append_events
+from ledger.append import append_events, translate_db_error
 from ledger.db import Database
 from ledger.events import CallImported, NewEvent, new_event
+from projections._import_identity import NAMESPACE, Parsed, content_event_id, reconcile_with_ledger
 from projections.errors import ImportFailed, ProjectionError
 
 __all__ = ("ImportResult", "RowError", "import_file", "parse_file", "parse_record")
 
 Format = Literal["jsonl", "csv"]
 Progress = Callable[[int, int], None]
-_NAMESPACE = uuid.UUID("0b5d7c56-6a1e-5b8e-8f0e-4c2a7d9e1f30")
 _KNOWN = frozenset(
     {
         "started_at",
@@ -65,7 +72,7 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
     errors: list[str] = []
 
 
-def _time(value: Any, field: str) -> datetime:
+def _time(value: Any, field: str, text_numbers: bool = True) -> datetime:
     if isinstance(value, bool):
         raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {value!r}")
     if isinstance(value, int | float):
@@ -79,9 +86,13 @@ def _time(value: Any, field: str) -> datetime:
         raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {type(value).__name__}")
     text = value.strip()
     try:
-        return _time(float(text), field)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not text_numbers:
+            raise RowError(f"{field}: epoch seconds must be a JSON number, not the string {value!r} (drop the quotes)")
+        return _time(seconds, field)
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -91,7 +102,9 @@ def _time(value: Any, field: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
-def _count(value: Any, field: str) -> int:
+def _count(value: Any, field: str, text_numbers: bool = True) -> int:
+    if isinstance(value, str) and not text_numbers:
+        raise RowError(f"{field}: expected a whole number, got the string {value!r} (drop the quotes)")
     if isinstance(value, str):
         try:
             value = int(value.strip())
@@ -104,7 +117,9 @@ def _count(value: Any, field: str) -> int:
     return value
 
 
-def _seconds(value: Any, field: str) -> float:
+def _seconds(value: Any, field: str, text_numbers: bool = True) -> float:
+    if isinstance(value, str) and not text_numbers:
+        raise RowError(f"{field}: expected seconds as a number, got the string {value!r} (drop the quotes)")
     if isinstance(value, str):
         try:
             value = float(value.strip())
@@ -125,21 +140,27 @@ def _text(value: Any, field: str) -> str:
     return value
 
 
-def parse_record(fields: dict[str, Any], *, source: str, line: int, event_id: uuid.UUID) -> CallImported:
-    """Validate one row's fields (JSON values, or CSV strings) into a `call.imported` body."""
+def parse_record(
+    fields: dict[str, Any], *, source: str, line: int, event_id: uuid.UUID, from_text: bool = False
+) -> CallImported:
+    """Validate one row's fields into a `call.imported` body.
+
+    JSON values must have their JSON types (`"input_tokens": "12"` is refused); `from_text` (CSV,
+    where every cell is text) parses numbers from strings, still refusing non-integer counts.
+    """
     unknown = sorted(set(fields) - _KNOWN)
     if unknown:
         raise RowError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
     for required in ("started_at", "input_tokens", "output_tokens"):
         if fields.get(required) is None:
             raise RowError(f"missing required field {required}")
-    started = _time(fields["started_at"], "started_at")
+    started = _time(fields["started_at"], "started_at", from_text)
     finished_raw, elapsed_raw = fields.get("finished_at"), fields.get("elapsed_s")
     if finished_raw is None and elapsed_raw is None:
         raise RowError("missing finished_at or elapsed_s (one is required)")
-    finished = _time(finished_raw, "finished_at") if finished_raw is not None else None
+    finished = _time(finished_raw, "finished_at", from_text) if finished_raw is not None else None
     if elapsed_raw is not None:
-        by_elapsed = started + timedelta(seconds=_seconds(elapsed_raw, "elapsed_s"))
+        by_elapsed = started + timedelta(seconds=_seconds(elapsed_raw, "elapsed_s", from_text))
         if finished is not None and abs((finished - by_elapsed).total_seconds()) > 0.001:
             raise RowError("finished_at and elapsed_s disagree (give one of them)")
         finished = finished or by_elapsed
@@ -168,12 +189,12 @@ def parse_record(fields: dict[str, Any], *, source: str, line: int, event_id: uu
         line=line,
         started_at=started,
         finished_at=finished,
-        input_tokens=_count(fields["input_tokens"], "input_tokens"),
-        output_tokens=_count(fields["output_tokens"], "output_tokens"),
+        input_tokens=_count(fields["input_tokens"], "input_tokens", from_text),
+        output_tokens=_count(fields["output_tokens"], "output_tokens", from_text),
         run=_text(fields["run"], "run") if fields.get("run") is not None else None,
         tags=tags,
         model=_text(fields["model"], "model") if fields.get("model") is not None else None,
-        ttft_s=_seconds(ttft, "ttft_s") if ttft is not None else None,
+        ttft_s=_seconds(ttft, "ttft_s", from_text) if ttft is not None else None,
         status=status,
     )
 
@@ -262,46 +283,50 @@ def detect_format(path: Path, given: str | None) -> Format:
     raise ProjectionError(f"{path}: cannot tell the format from the extension; pass --format jsonl or --format csv")
 
 
-def parse_file(
-    path: Path, *, fmt: str | None = None, source: str | None = None, progress: Progress | None = None
-) -> tuple[list[NewEvent], list[str], int]:
-    """(events, `file:line: reason` errors, rows seen) for one file."""
+def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) -> Parsed:
     kind = detect_format(path, fmt)
-    source = source or path.name
     total = os.path.getsize(path)
-    events: list[NewEvent] = []
-    errors: list[str] = []
+    parsed = Parsed(events=[], errors=[], rows=0, legacy={})
     seen: dict[bytes, int] = {}
     call_lines: dict[str, int] = {}
-    rows = 0
     with path.open("rb") as handle:
         iterator = _jsonl_rows(handle) if kind == "jsonl" else _csv_rows(handle)
         for line, consumed, fields in iterator:
-            rows += 1
-            if progress is not None and rows % 2000 == 0:
+            parsed.rows += 1
+            if progress is not None and parsed.rows % 2000 == 0:
                 progress(consumed, total)
             if isinstance(fields, str):
-                errors.append(f"{path}:{line}: {fields}")
+                parsed.errors.append(f"{path}:{line}: {fields}")
                 continue
             content = _canonical.encode(fields)
             occurrence = seen.get(content, 0)
             seen[content] = occurrence + 1
-            event_id = uuid.uuid5(_NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
+            event_id = content_event_id(content, occurrence)
             try:
-                body = parse_record(fields, source=source, line=line, event_id=event_id)
+                body = parse_record(fields, source=source, line=line, event_id=event_id, from_text=kind == "csv")
             except RowError as exc:
-                errors.append(f"{path}:{line}: {exc}")
+                parsed.errors.append(f"{path}:{line}: {exc}")
                 continue
             first = call_lines.setdefault(body.call_id, line)
             if first != line:
-                errors.append(f"{path}:{line}: duplicate call_id {body.call_id!r} (first on line {first})")
+                parsed.errors.append(f"{path}:{line}: duplicate call_id {body.call_id!r} (first on line {first})")
                 continue
-            events.append(
+            if fields.get("call_id") is None:
+                parsed.legacy[event_id] = uuid.uuid5(NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
+            parsed.events.append(
                 new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
             )
     if progress is not None:
         progress(total, total)
-    return events, errors, rows
+    return parsed
+
+
+def parse_file(
+    path: Path, *, fmt: str | None = None, source: str | None = None, progress: Progress | None = None
+) -> tuple[list[NewEvent], list[str], int]:
+    """(events, `file:line: reason` errors, rows seen) for one file."""
+    parsed = _parse(path, fmt, source or path.name, progress)
+    return parsed.events, parsed.errors, parsed.rows
 
 
 async def import_file(
@@ -317,16 +342,28 @@ async def import_file(
     path = Path(path)
     if not path.is_file():
         raise ProjectionError(f"{path}: no such file")
-    events, errors, rows = parse_file(path, fmt=fmt, source=source, progress=progress)
+    parsed = _parse(path, fmt, source or path.name, progress)
+    try:
+        todo, stored = await reconcile_with_ledger(database, path, parsed)
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    errors = sorted(parsed.errors, key=_line_of)
     if errors and not skip_invalid:
         raise ImportFailed(errors)
-    result = await append_events(database, events) if events else None
+    result = await append_events(database, todo) if todo else None
     return ImportResult(
         file=str(path),
         source=source or path.name,
-        rows=rows,
+        rows=parsed.rows,
         appended=result.appended if result else 0,
-        duplicates=result.duplicates if result else 0,
+        duplicates=stored + (result.duplicates if result else 0),
         invalid=len(errors),
         errors=errors,
     )
+
+
+def _line_of(error: str) -> int:
+    """The line number of a `file:line: reason` error (the file name may itself contain colons)."""
+    head = error.split(": ", 1)[0]
+    number = head.rpartition(":")[2]
+    return int(number) if number.isdigit() else 0

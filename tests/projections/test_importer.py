@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ledger.append import append_events
 from ledger.db import Database
+from ledger.events import new_event
 from projections.errors import ImportFailed
 from projections.importer import RowError, import_file, parse_record
 from projections.reports import runs_report
@@ -93,7 +95,7 @@ async def test_file_is_atomic_and_idempotent(database: Database, tmp_path: Path)
     skipped = await import_file(database, bad, skip_invalid=True)
     assert (skipped.appended, skipped.invalid) == (2, 2)
     good = tmp_path / "good.jsonl"
-    good.write_bytes(_row(0) + _row(0) + _row(1))  # identical lines are distinct calls
+    good.write_bytes(_row(10) + _row(10) + _row(11))  # identical lines are distinct calls
     first = await import_file(database, good)
     again = await import_file(database, good)
     assert (first.appended, again.appended, again.duplicates) == (3, 0, 3)
@@ -112,3 +114,90 @@ async def test_csv_with_tag_columns(database: Database, tmp_path: Path) -> None:
     assert result.appended == 2
     (run,) = await runs_report(database)
     assert (run.calls, run.failed_calls, run.tickers, run.input_tokens) == (2, 1, 2, 3000)
+
+
+async def test_a_renamed_copy_adds_nothing(database: Database, tmp_path: Path) -> None:
+    original = tmp_path / "calls-2026-10.jsonl"
+    original.write_bytes(_row(0) + _row(0) + _row(1, call_id="c-1"))
+    copy = tmp_path / "backup" / "old-calls.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(original.read_bytes())
+    first = await import_file(database, original)
+    again = await import_file(database, copy)
+    other_source = await import_file(database, copy, source="somewhere-else")
+    assert (first.appended, again.appended, again.duplicates) == (3, 0, 3)
+    assert (other_source.appended, other_source.duplicates) == (0, 3)
+    (run,) = await runs_report(database)
+    assert run.calls == 3
+
+
+async def test_the_same_call_in_csv_and_jsonl_is_one_call(database: Database, tmp_path: Path) -> None:
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_bytes(_row(0, call_id="c-1"))
+    t = (datetime(2026, 3, 1, 14, 0, tzinfo=UTC)).isoformat()
+    csv = tmp_path / "a.csv"
+    csv.write_text(f"started_at,elapsed_s,input_tokens,output_tokens,run,call_id\n{t},5,100,10,r,c-1\n")
+    assert (await import_file(database, jsonl)).appended == 1
+    again = await import_file(database, csv)
+    assert (again.appended, again.duplicates) == (0, 1)
+
+
+async def test_a_conflicting_call_id_names_both_files_and_lines(database: Database, tmp_path: Path) -> None:
+    first = tmp_path / "first.jsonl"
+    first.write_bytes(_row(0) + _row(1, call_id="c-1"))
+    second = tmp_path / "second.jsonl"
+    second.write_bytes(_row(5) + _row(6) + _row(7, call_id="c-1", output_tokens=99))
+    await import_file(database, first)
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, second)
+    (error,) = info.value.errors
+    assert error.startswith(f"{second}:3: call_id 'c-1'")
+    assert "first.jsonl:2" in error and "own call_id" in error
+    (run,) = await runs_report(database)
+    assert (run.calls, run.output_tokens) == (2, 20)  # nothing of second.jsonl, c-1 not replaced
+
+    skipped = await import_file(database, second, skip_invalid=True)
+    assert (skipped.appended, skipped.invalid) == (2, 1)
+    (run,) = await runs_report(database)
+    assert (run.calls, run.output_tokens) == (4, 40)
+
+
+@pytest.mark.parametrize("field", ["input_tokens", "output_tokens", "elapsed_s", "ttft_s", "started_at"])
+def test_jsonl_numbers_given_as_strings_are_refused(field: str) -> None:
+    fields: dict[str, object] = {"started_at": 1772373600, "elapsed_s": 5, "input_tokens": 12, "output_tokens": 3}
+    fields[field] = "12"
+    with pytest.raises(RowError, match=f"{field}: .*string '12'"):
+        parse_record(fields, source="s", line=1, event_id=_ID)
+
+
+def test_csv_numbers_are_parsed_but_must_be_whole() -> None:
+    fields = {"started_at": "1772373600", "elapsed_s": "5", "input_tokens": "12", "output_tokens": "3"}
+    body = parse_record(fields, source="s", line=1, event_id=_ID, from_text=True)
+    assert (body.input_tokens, body.output_tokens) == (12, 3)
+    with pytest.raises(RowError, match="input_tokens: expected a whole number"):
+        parse_record({**fields, "input_tokens": "12.5"}, source="s", line=1, event_id=_ID, from_text=True)
+
+
+async def test_a_string_count_in_jsonl_is_a_file_line_error(database: Database, tmp_path: Path) -> None:
+    path = tmp_path / "calls.jsonl"
+    path.write_bytes(_row(0) + _row(1, input_tokens="12"))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [
+        f"{path}:2: input_tokens: expected a whole number, got the string '12' (drop the quotes)"
+    ]
+
+
+async def test_rows_stored_under_the_old_source_scoped_ids_count_as_present(database: Database, tmp_path: Path) -> None:
+    """Ledgers written before content identity hold ids over (source, occurrence, content): no doubling."""
+    path = tmp_path / "old.jsonl"
+    path.write_bytes(_row(0))
+    fields = msgspec.json.decode(_row(0))
+    content = msgspec.json.Encoder(order="sorted").encode(fields).decode()
+    legacy = uuid.uuid5(uuid.UUID("0b5d7c56-6a1e-5b8e-8f0e-4c2a7d9e1f30"), f"old.jsonl\n0\n{content}")
+    body = parse_record(fields, source="old.jsonl", line=1, event_id=legacy)
+    await append_events(database, [new_event(body, stream=f"call-{body.call_id}", event_id=legacy)])
+    result = await import_file(database, path)
+    assert (result.appended, result.duplicates) == (0, 1)
+    (run,) = await runs_report(database)
+    assert run.calls == 1
