@@ -40,11 +40,12 @@ __all__ = ("CallEvent", "CallEvents", "admin_guard", "create_admin_app")
 
 
 class Health(msgspec.Struct, frozen=True):
-    status: str
+    status: str  # "ok", or "degraded" (still serving) with `reasons`
     spooling: bool
     queue_depth: int
     spool_bytes: int
     in_flight: int
+    reasons: list[str] = []
 
 
 class CallEvent(msgspec.Struct, frozen=True):
@@ -105,8 +106,11 @@ def create_admin_app(
 
     @get("/_ledger/health", summary="Liveness and the writer's state", include_in_schema=False)
     async def health() -> Health:
+        # Always 200: the gateway still proxies and spools, so a restart would not help; `status` tells.
+        problems = writer.problems
         return Health(
-            status="ok",
+            status="degraded" if problems else "ok",
+            reasons=problems,
             spooling=writer.spooling,
             queue_depth=writer.queue_depth,
             spool_bytes=writer.spool_bytes,

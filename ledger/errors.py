@@ -5,6 +5,7 @@
     ├── DatabaseUnavailable      the database cannot be reached (driver error translated once, here)
     ├── SchemaError              the schema is missing or not at the expected revision
     ├── SpoolCorrupt             a spool record failed its checksum (reported, skipped)
+    ├── SpoolWriteFailed         a spool write failed or came up short: those events are not durable
     └── BlobNotFound             a body referenced by an event is absent or was redacted
 
 Driver exceptions are translated at the ledger boundary (`raise ... from exc`), so callers never
@@ -13,7 +14,15 @@ import SQLAlchemy or driver exception types.
 
 from __future__ import annotations
 
-__all__ = ("BlobNotFound", "ConfigError", "DatabaseUnavailable", "LedgerError", "SchemaError", "SpoolCorrupt")
+__all__ = (
+    "BlobNotFound",
+    "ConfigError",
+    "DatabaseUnavailable",
+    "LedgerError",
+    "SchemaError",
+    "SpoolCorrupt",
+    "SpoolWriteFailed",
+)
 
 
 class LedgerError(Exception):
@@ -38,3 +47,7 @@ class SpoolCorrupt(LedgerError):
 
 class BlobNotFound(LedgerError):
     """A blob referenced by hash is not stored, or its content was redacted."""
+
+
+class SpoolWriteFailed(LedgerError):
+    """A spool write failed or came up short (e.g. ENOSPC); it was cut back and its events are not durable."""

@@ -3,6 +3,7 @@
     producer ─ submit(events, bodies) ─► queue ─► writer task ─► append_events (one transaction)
                                                        └─ database unavailable ─► spool (fsync)
                                                           replayed in order once it answers again
+                                                          (retried on a timer, with or without traffic)
 
 `append()` returns once the events are durable: committed, or fsync'd to the spool. While the
 spool holds anything, new batches go to the spool too, so events reach the database in order.
@@ -21,11 +22,11 @@ import structlog
 from ledger.append import AppendResult, append_events
 from ledger.blobs import BlobCompressor, PreparedBlob
 from ledger.db import Database
-from ledger.errors import DatabaseUnavailable, LedgerError
+from ledger.errors import DatabaseUnavailable, LedgerError, SpoolCorrupt, SpoolWriteFailed
 from ledger.events import NewEvent
-from ledger.spool import Spool, SpoolRecord
+from ledger.spool import Spool, SpoolRecord, SpoolScan
 
-__all__ = ("Durable", "EventWriter", "replay_spool")
+__all__ = ("Durable", "EventWriter", "replay_spool", "report_damage")
 
 Durable = Literal["committed", "spooled"]
 log = structlog.get_logger("ledger.writer")
@@ -34,16 +35,29 @@ INLINE_COMPRESS_BYTES = 16 * 1024
 """Bodies of a batch up to this size are compressed on the loop (tens of µs); a thread hop costs more."""
 
 
-async def replay_spool(database: Database, spool: Spool, batch_max_events: int = 5000) -> tuple[int, int]:
+async def replay_spool(
+    database: Database, spool: Spool, batch_max_events: int = 5000, *, quarantine: bool = False
+) -> tuple[int, int]:
     """Append every spooled record in order, then empty the spool. Returns (appended, duplicates).
 
-    Safe to repeat: events already in the database (by event id) are skipped.
+    Safe to repeat: events already in the database (by event id) are skipped. A damaged region
+    before the end raises `SpoolCorrupt` (the file is left as it was) unless `quarantine`, where it
+    is moved to a side file, logged, and the valid records around it are replayed.
     """
-    scan = spool.scan()
-    if scan.torn_tail_at is not None:
-        log.warning(
-            "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
-        )
+    if quarantine:
+        scan = spool.recover()
+        report_damage(spool, scan)
+    else:
+        scan = spool.scan()
+        if scan.damaged:
+            first = scan.damaged[0]
+            raise SpoolCorrupt(
+                f"{spool.path}: record at byte {first.offset} {first.reason}; the spool needs inspection"
+            )
+        if scan.torn_tail_at is not None:
+            log.warning(
+                "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
+            )
     appended = duplicates = 0
     events: list[NewEvent] = []
     blobs: list[PreparedBlob] = []
@@ -57,6 +71,23 @@ async def replay_spool(database: Database, spool: Spool, batch_max_events: int =
             events, blobs = [], []
     spool.clear()
     return appended, duplicates
+
+
+def report_damage(spool: Spool, scan: SpoolScan) -> None:
+    """Log (warning) what `Spool.recover` cut: a torn tail, and each quarantined region."""
+    if scan.torn_tail_at is not None:
+        log.warning(
+            "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
+        )
+    for damage in scan.damaged:
+        log.warning(
+            "spool_region_quarantined",
+            path=str(spool.path),
+            offset=damage.offset,
+            bytes=damage.size,
+            reason=damage.reason,
+            quarantine_dir=str(spool.directory),
+        )
 
 
 class EventWriter:
@@ -90,18 +121,22 @@ class EventWriter:
         self._task: asyncio.Task[None] | None = None
         self._spooling = False
         self._next_retry = 0.0
+        self._unavailable: str | None = None  # why the spool cannot be replayed yet (while spooling)
         self._listeners: list[Callable[[int], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         if self.spool is not None:
             self.spool.open()
-            scan = self.spool.scan()
-            if scan.torn_tail_at is not None:
-                log.warning("spool_torn_tail_dropped", path=str(self.spool.path), offset=scan.torn_tail_at)
-                self.spool.cut_torn_tail(scan.torn_tail_at)
+            try:
+                scan = self.spool.recover()  # never blocks the start: damage goes to quarantine files
+                report_damage(self.spool, scan)
+            except OSError as exc:  # no room for the quarantine files: the timed replay tries again
+                log.warning("spool_recovery_failed", error=str(exc), spool=str(self.spool.path))
+                scan = self.spool.scan()
             if scan.records:
                 self._spooling = True
+                self._unavailable = "the spool holds events from before the start"
                 await self._try_replay()
         self._task = asyncio.create_task(self._run(), name="ledger-writer")
 
@@ -157,6 +192,22 @@ class EventWriter:
     def spooling(self) -> bool:
         return self._spooling
 
+    @property
+    def problems(self) -> list[str]:
+        """Why the ledger is not fully healthy: the spool cannot be replayed, or holds quarantined damage."""
+        found: list[str] = []
+        if self._spooling:
+            found.append(f"spool cannot be replayed yet: {self._unavailable or 'database unavailable'}")
+        if self.spool is not None:
+            quarantined = self.spool.quarantined()
+            if quarantined:
+                names = ", ".join(p.name for p in quarantined)
+                found.append(
+                    f"{len(quarantined)} damaged spool region(s) quarantined in {self.spool.directory} ({names}): "
+                    "inspect them, then move them out of the spool directory"
+                )
+        return found
+
     # -- the writer task -------------------------------------------------------------------------
     def _wake(self) -> None:
         wakeup, self._wakeup = self._wakeup, None
@@ -168,6 +219,14 @@ class EventWriter:
             if not self._done:
                 if self._closing:
                     return
+                if self._spooling:  # no traffic: replay on the retry timer, not on the next request
+                    if await self._try_replay():
+                        continue
+                    self._wakeup = asyncio.get_running_loop().create_future()
+                    delay = max(0.0, self._next_retry - time.monotonic())
+                    await asyncio.wait([self._wakeup], timeout=delay)
+                    self._wakeup = None
+                    continue
                 self._wakeup = asyncio.get_running_loop().create_future()
                 await self._wakeup
                 continue
@@ -214,11 +273,12 @@ class EventWriter:
             if not self._spooling:
                 log.warning("ledger_unavailable_spooling", error=str(exc), spool=str(self.spool.path))
                 self._spooling = True
+                self._unavailable = f"database unavailable: {exc}"
                 self._next_retry = time.monotonic() + self.retry_interval_s
                 self._compressor.forget()
             try:
                 self.spool.write(SpoolRecord(events=events, blobs=blobs))
-            except OSError as spool_exc:
+            except (OSError, SpoolWriteFailed) as spool_exc:
                 log.error("spool_write_failed", error=str(spool_exc), spool=str(self.spool.path))
                 await self._resolve(done, spool_exc)
                 return
@@ -272,11 +332,17 @@ class EventWriter:
         if now < self._next_retry:
             return False
         try:
-            appended, duplicates = await replay_spool(self.database, self.spool, self.batch_max_events)
-        except LedgerError as exc:
-            self._next_retry = now + self.retry_interval_s
-            log.debug("spool_replay_deferred", error=str(exc))
+            appended, duplicates = await replay_spool(self.database, self.spool, self.batch_max_events, quarantine=True)
+        except (LedgerError, OSError) as exc:
+            self._next_retry = time.monotonic() + self.retry_interval_s
+            reason = f"database unavailable: {exc}" if isinstance(exc, LedgerError) else f"spool unreadable: {exc}"
+            if reason != self._unavailable:  # a warning per new reason, not one per retry
+                log.warning("spool_replay_deferred", reason=reason, spool=str(self.spool.path))
+            else:
+                log.debug("spool_replay_deferred", reason=reason)
+            self._unavailable = reason
             return False
         self._spooling = False
+        self._unavailable = None
         log.info("spool_replayed", appended=appended, duplicates=duplicates)
         return True

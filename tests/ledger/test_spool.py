@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import struct
+import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ledger.append import append_events
-from ledger.blobs import blob_hash, read_blob
+from ledger.blobs import PreparedBlob, blob_hash, read_blob
 from ledger.db import Database, open_database
-from ledger.errors import ConfigError, SpoolCorrupt
+from ledger.errors import ConfigError, SpoolCorrupt, SpoolWriteFailed
 from ledger.read import iter_events
 from ledger.spool import Spool, SpoolRecord
 from ledger.verify import verify_chain
@@ -67,7 +71,7 @@ async def test_a_torn_last_record_is_reported_and_skipped(database: Database, tm
         assert await replay_spool(database, spool) == (2, 0)
 
 
-async def test_a_corrupt_record_before_the_end_stops_replay(database: Database, tmp_path: Path) -> None:
+async def test_a_corrupt_record_before_the_end_stops_a_strict_replay(database: Database, tmp_path: Path) -> None:
     with Spool(tmp_path) as spool:
         spool.write(SpoolRecord(events=call_events(1)))
         spool.write(SpoolRecord(events=call_events(2)))
@@ -99,3 +103,155 @@ async def test_replay_appends_what_append_would(database: Database, tmp_path: Pa
     with Spool(tmp_path) as spool:
         spool.write(SpoolRecord(events=already + call_events(1)))
         assert await replay_spool(database, spool) == (2, 2)
+
+
+def _spool_with(tmp_path: Path, *indexes: int) -> tuple[Spool, list[int], list[SpoolRecord]]:
+    """An open spool holding one record per index; returns it, each record's start offset, the records."""
+    spool = Spool(tmp_path)
+    spool.open()
+    starts, records = [], []
+    for index in indexes:
+        starts.append(spool.size_bytes)
+        records.append(SpoolRecord(events=call_events(index)))
+        spool.write(records[-1])
+    return spool, starts, records
+
+
+def _ids(*records: SpoolRecord) -> list[str]:
+    return [str(e.event_id) for r in records for e in r.events]
+
+
+def test_a_short_write_loops_until_the_record_is_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_write = os.write
+    calls: list[int] = []
+
+    def dribble(fd: int, data: bytes) -> int:  # at most 7 bytes per call, as a slow filesystem may
+        calls.append(len(data))
+        return real_write(fd, bytes(data[:7]))
+
+    spool, _, (first,) = _spool_with(tmp_path, 1)
+    second = SpoolRecord(events=call_events(2))
+    monkeypatch.setattr(os, "write", dribble)
+    spool.write(second)
+    monkeypatch.undo()
+    assert len(calls) > 2
+    assert _ids(*spool.scan().records) == _ids(first, second)
+    spool.close()
+
+
+@pytest.mark.parametrize("failure", ["short-then-enospc", "enospc", "zero", "fsync-eio"])
+def test_a_failed_write_is_cut_back_and_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    real_write = os.write
+    spool, _, (first,) = _spool_with(tmp_path, 1)
+    good = spool.path.read_bytes()
+    calls: list[int] = []
+
+    def full_disk(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if failure == "zero":
+            return 0
+        if failure == "short-then-enospc" and len(calls) == 1:
+            return real_write(fd, bytes(data[:13]))  # what fits, then ENOSPC
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def failing_fsync(fd: int) -> None:
+        if not calls:  # the record's fsync fails; the cut-back's fsync works
+            calls.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+        return None
+
+    if failure == "fsync-eio":
+        monkeypatch.setattr(os, "fsync", failing_fsync)
+    else:
+        monkeypatch.setattr(os, "write", full_disk)
+    with pytest.raises(SpoolWriteFailed, match="not kept"):
+        spool.write(SpoolRecord(events=call_events(2)))
+    monkeypatch.undo()
+    assert spool.path.read_bytes() == good  # the torn record is gone: the spool ends on a good record
+    third = SpoolRecord(events=call_events(3))
+    spool.write(third)  # the disk has room again
+    scan = spool.scan()
+    assert scan.torn_tail_at is None and not scan.damaged
+    assert _ids(*scan.records) == _ids(first, third)
+    spool.close()
+
+
+@pytest.mark.parametrize("where", ["length", "crc", "body"])
+def test_a_damaged_record_in_the_middle_is_skipped_and_the_rest_read(tmp_path: Path, where: str) -> None:
+    spool, starts, (first, _, third) = _spool_with(tmp_path, 1, 2, 3)
+    data = bytearray(spool.path.read_bytes())
+    at = {"length": starts[1], "crc": starts[1] + 5, "body": starts[1] + 20}[where]
+    data[at] ^= 0xFF
+    spool.path.write_bytes(bytes(data))
+    scan = spool.scan()
+    assert _ids(*scan.records) == _ids(first, third)
+    assert [(d.offset, d.size) for d in scan.damaged] == [(starts[1], starts[2] - starts[1])]
+    assert scan.torn_tail_at is None
+    spool.close()
+
+
+def test_recover_quarantines_the_damage_and_keeps_the_good_records(tmp_path: Path) -> None:
+    spool, starts, (first, _, third) = _spool_with(tmp_path, 1, 2, 3)
+    data = bytearray(spool.path.read_bytes())
+    data[starts[1] + 20] ^= 0xFF
+    damaged = bytes(data[starts[1] : starts[2]])
+    spool.path.write_bytes(bytes(data) + b"\x00\x00\x10")  # plus a torn tail
+    scan = spool.recover()
+    assert len(scan.damaged) == 1 and scan.torn_tail_at is not None
+    [side] = spool.quarantined()
+    assert side.name.startswith("events.spool.quarantine-") and side.name.endswith(f"-{starts[1]}")
+    assert side.read_bytes() == damaged  # the damaged bytes, as found
+    after = spool.scan()
+    assert not after.damaged and after.torn_tail_at is None
+    assert _ids(*after.records) == _ids(first, third)
+    spool.write(SpoolRecord(events=call_events(4)))  # the new file is the one written to, and it is still ours
+    assert len(spool.scan().records) == 3
+    with pytest.raises(ConfigError, match="in use"):
+        Spool(tmp_path).open()
+    spool.close()
+
+
+async def test_a_quarantining_replay_recovers_what_follows_the_damage(database: Database, tmp_path: Path) -> None:
+    spool, starts, (first, _, third) = _spool_with(tmp_path, 1, 2, 3)
+    data = bytearray(spool.path.read_bytes())
+    data[starts[1] + 2] ^= 0xFF  # the middle record's length
+    spool.path.write_bytes(bytes(data))
+    assert await replay_spool(database, spool, quarantine=True) == (4, 0)
+    stored = [str(e.event_id) async for e in iter_events(database)]
+    assert stored == _ids(first, third)
+    assert len(spool.quarantined()) == 1 and spool.size_bytes == 0
+    spool.close()
+    assert (await verify_chain(database)).ok
+
+
+def _record_bytes(record: SpoolRecord) -> bytes:
+    body = msgspec.msgpack.encode(record)
+    return struct.pack(">II", len(body), zlib.crc32(body)) + body
+
+
+@pytest.mark.parametrize("damage", ["body", "torn"])
+def test_a_record_quoted_inside_a_damaged_body_is_never_replayed(tmp_path: Path, damage: str) -> None:
+    forged = _record_bytes(SpoolRecord(events=call_events(666)))
+    carrier = SpoolRecord(
+        events=call_events(1), blobs=[PreparedBlob(blob_hash(forged), len(forged), "raw", forged + os.urandom(64))]
+    )
+    spool, _, (before,) = _spool_with(tmp_path, 0)
+    start = spool.size_bytes
+    spool.write(carrier)
+    data = bytearray(spool.path.read_bytes())
+    if damage == "body":
+        data[start + 12] ^= 0xFF  # the carrier's checksum fails; a good record follows it
+        after = _record_bytes(SpoolRecord(events=call_events(2)))
+        data += after
+    else:
+        del data[-10:]  # the carrier was cut short by a crash
+    spool.path.write_bytes(bytes(data))
+    scan = spool.scan()
+    forged_ids = set(_ids(msgspec.msgpack.decode(forged[8:], type=SpoolRecord)))
+    assert not forged_ids & set(_ids(*scan.records))
+    assert _ids(*scan.records)[:2] == _ids(before)
+    if damage == "body":
+        assert len(scan.records) == 2 and [d.offset for d in scan.damaged] == [start]
+    else:
+        assert len(scan.records) == 1 and [(d.offset, d.size) for d in scan.damaged] == [(start, len(data) - start)]
+    spool.close()

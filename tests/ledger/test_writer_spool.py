@@ -1,0 +1,130 @@
+"""The writer around the spool: replay on a timer, recovery at start, failed spool writes, health."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from gateway.admin import create_admin_app
+from gateway.metrics import Metrics
+from ledger.db import Database, open_database
+from ledger.errors import SpoolWriteFailed
+from ledger.read import iter_events
+from ledger.settings import Settings
+from ledger.spool import Spool, SpoolRecord
+from ledger.verify import verify_chain
+from ledger.writer import EventWriter
+from tests.ledger.helpers import call_events
+
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nowhere"
+
+
+async def _stored_ids(database: Database) -> list[str]:
+    return [str(e.event_id) async for e in iter_events(database)]
+
+
+async def _health(writer: EventWriter, database: Database) -> dict[str, object]:
+    app = create_admin_app(Settings(), database=database, writer=writer, metrics=Metrics())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+        response = await client.get("/_ledger/health")
+    assert response.status_code == 200  # still serving: degraded, not dead
+    body: dict[str, object] = response.json()
+    return body
+
+
+async def test_the_spool_is_replayed_on_a_timer_without_traffic(database: Database, tmp_path: Path) -> None:
+    down = open_database(UNREACHABLE, null_pool=True)
+    spool = Spool(tmp_path / "spool")
+    batches = [call_events(i) for i in range(5)]
+    async with EventWriter(down, spool, retry_interval_s=0.5) as writer:
+        assert {await writer.append(batch) for batch in batches} == {"spooled"}
+        health = await _health(writer, database)
+        assert health["status"] == "degraded" and health["spooling"]
+        assert "spool cannot be replayed yet: database unavailable" in str(health["reasons"])
+        writer.database = database  # the database is back; nothing more is sent
+        for _ in range(100):  # up to 5 s
+            if not writer.spooling:
+                break
+            await asyncio.sleep(0.05)
+        assert not writer.spooling, "the spool was not replayed without traffic"
+        assert await _stored_ids(database) == [str(e.event_id) for b in batches for e in b]
+        assert spool.size_bytes == 0
+        assert (await _health(writer, database))["status"] == "ok"
+    await down.dispose()
+    assert (await verify_chain(database)).ok
+
+
+async def test_the_outage_is_logged_at_warning_once_and_retried_on_the_timer(
+    database: Database, tmp_path: Path
+) -> None:
+    down = open_database(UNREACHABLE, null_pool=True)
+    with capture_logs() as logs:
+        async with EventWriter(down, Spool(tmp_path / "spool"), retry_interval_s=0.05) as writer:
+            await writer.append(call_events(1))
+            await asyncio.sleep(0.5)  # several timer retries
+            writer.database = database
+    await down.dispose()
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [e["event"] for e in warnings] == ["ledger_unavailable_spooling"]  # the reason, once
+    retries = [e for e in logs if e["event"] == "spool_replay_deferred"]
+    assert len(retries) >= 3 and {e["log_level"] for e in retries} == {"debug"}  # the timer kept trying
+    assert len(await _stored_ids(database)) == 2  # close() replayed it
+
+
+async def test_start_quarantines_damage_and_replays_what_is_around_it(database: Database, tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    records = [SpoolRecord(events=call_events(i)) for i in range(3)]
+    with spool:
+        starts = []
+        for record in records:
+            starts.append(spool.size_bytes)
+            spool.write(record)
+    data = bytearray(spool.path.read_bytes())
+    data[starts[1] + 30] ^= 0xFF  # the middle record's body: its checksum fails
+    spool.path.write_bytes(bytes(data))
+    with capture_logs() as logs:
+        async with EventWriter(database, spool) as writer:
+            assert await _stored_ids(database) == [str(e.event_id) for r in (records[0], records[2]) for e in r.events]
+            health = await _health(writer, database)
+            assert health["status"] == "degraded" and not health["spooling"]
+            assert "quarantined" in str(health["reasons"])
+            [side] = spool.quarantined()
+            side.rename(tmp_path / side.name)  # looked at and moved away
+            assert (await _health(writer, database))["status"] == "ok"
+    [warning] = [e for e in logs if e["event"] == "spool_region_quarantined"]
+    assert warning["log_level"] == "warning"
+    assert (warning["offset"], warning["bytes"]) == (starts[1], starts[2] - starts[1])
+    assert (await verify_chain(database)).ok
+
+
+async def test_a_failed_spool_write_fails_the_append(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    down = open_database(UNREACHABLE, null_pool=True)
+    spool = Spool(tmp_path / "spool")
+    async with EventWriter(down, spool, retry_interval_s=3600) as writer:
+        first = call_events(1)
+        assert await writer.append(first) == "spooled"
+        real_write = os.write
+
+        def full_disk(fd: int, data: bytes) -> int:
+            if fd == spool._fd:
+                real_write(fd, bytes(data[:10]))
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_write(fd, data)
+
+        monkeypatch.setattr(os, "write", full_disk)
+        with pytest.raises(SpoolWriteFailed):
+            await writer.append(call_events(2))  # not durable, and the caller is told
+        monkeypatch.undo()
+        third = call_events(3)
+        assert await writer.append(third) == "spooled"
+        writer.database = database
+    await down.dispose()
+    assert await _stored_ids(database) == [str(e.event_id) for e in first + third]
