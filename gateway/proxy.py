@@ -5,7 +5,8 @@
                 strict: final bytes wait for the final event ◄─────────┘ (body / the stream's end marker)
 
 Bytes in = bytes out, with one exception: a stream that did not ask for usage is sent upstream
-with `stream_options.include_usage` and the usage-only chunk is cut out of what the client gets.
+with `stream_options.include_usage`, and what that changes is taken back from what the client
+gets (the usage-only chunk cut out, vLLM's `system_fingerprint` put back: `gateway.observed`).
 Under `gateway.server` (`Proxy.handle`) upstream bytes are relayed from the upstream connection's
 protocol callback straight to the client's transport (`RawResponse.pipe`, `Exchange.push`); the
 ASGI entry (`Proxy.__call__`, for tests and embedding) relays through `send`. Both run a

@@ -1,14 +1,15 @@
-"""How upstream body bytes go to the client: as they come, minus at most one cut, with the end held back.
+"""How upstream body bytes go to the client: as they come, edited only where needed, with the end held back.
 
     PlainRelay   any body: forwarded one chunk behind, so the last chunk waits for the call's record
     SseRelay     an SSE stream: forwarded as it comes; held from the stream's end marker on
                  (`data: [DONE]`, or the Responses API's closing event) until the call is recorded;
                  with `cutting`, whole events only, and edited: the usage-only chunk the gateway asked
-                 for cut out, and what asking changed in other chunks put back (`gateway.call`)
+                 for cut out, and what asking changed in other chunks put back (`gateway.observed`)
 
 Both keep every upstream chunk in `raw` (the response blob). `feed` returns the bytes to send
 now, `close` the bytes that wait for the record. A relay never reads the clock or the events'
-meaning: `observe` (the call) does, and returns where the stream's end marker starts.
+meaning: `observe` (`gateway.observed.Observed.events`) does, and returns where the stream's end
+marker starts. `plan_relay` picks the relay from the response headers.
 """
 
 from __future__ import annotations
