@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from gateway.client import AbortResponse, Client, json_headers
-from gateway.encoding import BodyDecoder, UnreadableBody
+from gateway.encoding import UnreadableBody
 from gateway.errors import GatewayError, UpstreamError
 from gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
 from gateway.inspect import USAGE_REQUEST_PATHS, RequestInfo, inspect_request, is_inference, with_usage_requested
 from gateway.observed import Observed
 from gateway.rawclient import RawResponse
 from gateway.recorder import new_call_id
-from gateway.relay import PlainRelay, SseRelay, SseWatcher, plan_relay
+from gateway.relay import RelayPlan, plan_relay
 from gateway.upstream import UpstreamResponse
 from ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from ledger.writer import Durable
@@ -93,11 +93,8 @@ class Call:
         self.upstream_request_id: str | None = None
         self.response_headers: list[Header] = []
         self.raw: list[bytes] = []
-        self.relay: SseRelay | None = None
-        self.watcher: SseWatcher | None = None
-        self.decoder: BodyDecoder | None = None
-        self.unreadable = ""
-        """Why the response cannot be read at all (an encoding the gateway cannot undo)."""
+        self.plan: RelayPlan | None = None
+        """How the response goes to the client (known once its headers arrived)."""
         self.client_gone = False
         self.done = False
         self.task: asyncio.Task[Any] | None = None
@@ -130,8 +127,7 @@ class Call:
         self.started_durable = self.recorder.started(event, self.body if digest else None)
 
     def _usage_and_source(self, *, complete: bool) -> tuple[Usage | None, UsageSource, str]:
-        problem = self.unreadable or (self.watcher.problem if self.watcher else "")
-        problem = problem or (self.relay.problem if self.relay else "")
+        problem = self.plan.problem if self.plan is not None else ""
         return self.seen.usage_and_source(complete=complete, problem=problem)
 
     def _timings(self) -> Timings:
@@ -308,14 +304,10 @@ class Call:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
-        plan = plan_relay(response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected)
-        relay, self.relay, self.watcher, self.decoder, self.unreadable = (
-            plan.relay,
-            plan.sse,
-            plan.watcher,
-            plan.decoder,
-            plan.unreadable,
+        plan = self.plan = plan_relay(
+            response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected
         )
+        relay = plan.relay
         self.seen.relay = plan.sse
         self.upstream_request_id = plan.request_id
         out_headers = [*plan.headers, *self._extra_headers()]
@@ -348,17 +340,11 @@ class Call:
             tail = relay.close()
         except (UpstreamError, UnreadableBody) as exc:
             reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
-            await self._failed("stream" if self.relay else "body", reason, str(exc), wait=True)
+            await self._failed("stream" if plan.stream else "body", reason, str(exc), wait=True)
             self.done = True
             raise AbortResponse(str(exc)) from exc
-        if (
-            isinstance(relay, PlainRelay)
-            and self.watcher is None
-            and self.raw
-            and self.recorded
-            and not self.unreadable
-        ):
-            self.seen.body(self.raw[0] if len(self.raw) == 1 else b"".join(self.raw), self.decoder)
+        if plan.readable_body and self.raw and self.recorded:
+            self.seen.body(self.raw[0] if len(self.raw) == 1 else b"".join(self.raw), plan.decoder)
             self.upstream_request_id = self.upstream_request_id or self.seen.request_id
         timings = await self._finished()
         self.done = True

@@ -196,6 +196,23 @@ class RelayPlan:
     """Why nothing of the body can be read (an encoding that cannot be undone)."""
     request_id: str | None = None
 
+    @property
+    def stream(self) -> bool:
+        """An SSE response (scanned as it passes, decoded or not)."""
+        return self.sse is not None or self.watcher is not None
+
+    @property
+    def readable_body(self) -> bool:
+        """A whole body to read once it has all arrived (not a stream, not an encoding that cannot be undone)."""
+        return not self.stream and not self.unreadable
+
+    @property
+    def problem(self) -> str:
+        """Why what the response says could not be read, if it could not."""
+        return (
+            self.unreadable or (self.watcher.problem if self.watcher else "") or (self.sse.problem if self.sse else "")
+        )
+
 
 def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *, inspect: bool, cut: bool) -> RelayPlan:
     """How a response goes to the client, from its headers. `inspect`: decode a compressed copy to read it;

@@ -153,7 +153,7 @@ class _RawChunk(msgspec.Struct):
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
 _raw_chunk_decoder = msgspec.json.Decoder(_RawChunk)
 _choices_decoder = msgspec.json.Decoder(list[_Choice] | None)
-_type_decoder = msgspec.json.Decoder(str | None)
+_str_decoder = msgspec.json.Decoder(str | None)
 _response_decoder = msgspec.json.Decoder(_ResponseBody | None)
 
 
@@ -270,7 +270,7 @@ def _inspect_odd_chunk(data: bytes) -> ChunkInfo:
         raw = _raw_chunk_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return _EMPTY_CHUNK  # not an object
-    kind = _lenient(_type_decoder, raw.type)
+    kind = _lenient(_str_decoder, raw.type)
     choices = _lenient(_choices_decoder, raw.choices)
     tokens, reasons = _choice_tokens(choices) if choices else (0, ())
     response = _lenient(_response_decoder, raw.response)
@@ -325,7 +325,6 @@ class _RawResponse(msgspec.Struct):
 _body_decoder = msgspec.json.Decoder(_Response)
 _raw_body_decoder = msgspec.json.Decoder(_RawResponse)
 _message_choices_decoder = msgspec.json.Decoder(list[_MessageChoice] | None)
-_str_decoder = msgspec.json.Decoder(str | None)
 
 
 class ResponseInfo(msgspec.Struct, frozen=True):

@@ -8,6 +8,7 @@ would have sent): the client must still get exactly the bytes of the case it ask
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import re
@@ -30,6 +31,7 @@ from ledger.settings import Settings
 from ledger.spool import Spool
 from ledger.writer import EventWriter
 from tests.gateway.transcripts import Transcript, expected_metrics, expected_usage, load_transcripts
+from tests.gateway.upstream import read_body
 
 TRANSCRIPTS = load_transcripts()
 BY_NAME = {t.name: t for t in TRANSCRIPTS}
@@ -75,12 +77,7 @@ class ReplayUpstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.requests.append(body)
         t = self.pick(body)
         payload = t.body
@@ -217,10 +214,8 @@ async def test_an_encoding_the_gateway_cannot_undo_is_recorded_as_unreadable(
     database: Database, tmp_path: Path
 ) -> None:
     transcript = next(t for t in COMPRESSIBLE if not t.is_sse)
-    upstream = ReplayUpstream(transcript)
-    upstream.encoding = None
-    t = Transcript(**{**transcript.__dict__, "headers": [*transcript.headers, ("content-encoding", "compress")]})
-    upstream.transcript = t
+    t = dataclasses.replace(transcript, headers=[*transcript.headers, ("content-encoding", "compress")])
+    upstream = ReplayUpstream(t)
     resp, events = await replay(database, tmp_path, upstream)
     assert resp.content == t.body
     final = final_event(events)

@@ -48,12 +48,7 @@ class FakeUpstream:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         headers = [(k.decode(), v.decode()) for k, v in scope["headers"]]
         self.requests.append({"method": scope["method"], "path": scope["path"], "headers": headers, "body": body})
         path = scope["path"]
@@ -91,6 +86,16 @@ class FakeUpstream:
                 raise
         else:
             await _plain(send, 404, b'{"detail":"Not Found"}')
+
+
+async def read_body(receive: Any) -> bytes:
+    """A whole ASGI request body."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            return body
 
 
 async def _plain(send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:

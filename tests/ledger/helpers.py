@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
+from ledger.db import open_database
 from ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from ledger.read import head_position
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -31,3 +34,17 @@ def call_events(index: int, *, body_hash: str | None = None) -> list[NewEvent]:
     )
     stream = f"call-{call_id}"
     return [new_event(started, stream=stream, occurred_at=start), new_event(finished, stream=stream, occurred_at=start)]
+
+
+def head_of(url: str) -> int:
+    """The ledger's head position at `url` (a CLI test's check that nothing was appended)."""
+
+    async def run() -> int:
+        database = open_database(url, null_pool=True)
+        try:
+            async with database.engine.connect() as conn:
+                return await head_position(conn)
+        finally:
+            await database.dispose()
+
+    return asyncio.run(run())

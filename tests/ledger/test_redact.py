@@ -12,8 +12,7 @@ from ledger.append import append_events
 from ledger.blobs import BlobCompressor, read_blob
 from ledger.db import open_database
 from ledger.errors import BlobNotFound
-from ledger.read import head_position
-from tests.ledger.helpers import call_events
+from tests.ledger.helpers import call_events, head_of
 from usage_ledger.cli import main
 
 _BODY = b'{"messages": [{"role": "user", "content": "a secret prompt that must go"}]}' * 3
@@ -23,18 +22,6 @@ _BODY = b'{"messages": [{"role": "user", "content": "a secret prompt that must g
 def _reset_logging() -> Iterator[None]:
     yield
     structlog.reset_defaults()
-
-
-def _head(url: str) -> int:
-    async def run() -> int:
-        database = open_database(url, null_pool=True)
-        try:
-            async with database.engine.connect() as conn:
-                return await head_position(conn)
-        finally:
-            await database.dispose()
-
-    return asyncio.run(run())
 
 
 def _body_gone(url: str, digest: str) -> bool:
@@ -75,13 +62,13 @@ def test_an_unknown_hash_is_refused_and_nothing_is_appended(
 ) -> None:
     url, digest = stored
     unknown = "0" * 64
-    before = _head(url)
+    before = head_of(url)
     assert main(["redact", unknown, "--reason", "gdpr", "--db", url]) == 2
     err = capsys.readouterr().err
     assert f"no blob {unknown}" in err and "nothing appended" in err and "--force" in err
     assert main(["redact", "not-a-hash", "--reason", "gdpr", "--db", url]) == 2
     assert "64 hex digits" in capsys.readouterr().err
-    assert _head(url) == before
+    assert head_of(url) == before
     assert not _body_gone(url, digest)
 
 
@@ -89,17 +76,17 @@ def test_redact_once_then_say_it_was_already_redacted(
     stored: tuple[str, str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, digest = stored
-    before = _head(url)
+    before = head_of(url)
     assert main(["redact", digest.upper(), "--reason", "gdpr", "--db", url]) == 0
     assert f"blob {digest} redacted" in capsys.readouterr().out
-    assert _head(url) == before + 1 and _body_gone(url, digest)
+    assert head_of(url) == before + 1 and _body_gone(url, digest)
     assert main(["redact", digest, "--reason", "gdpr", "--db", url]) == 0
     assert "already redacted at" in capsys.readouterr().out
-    assert _head(url) == before + 1
+    assert head_of(url) == before + 1
 
 
 def test_force_records_a_redaction_of_an_unknown_hash(stored: tuple[str, str]) -> None:
     url, _ = stored
-    before = _head(url)
+    before = head_of(url)
     assert main(["redact", "f" * 64, "--reason", "body arrives from a spool later", "--force", "--db", url]) == 0
-    assert _head(url) == before + 1
+    assert head_of(url) == before + 1

@@ -13,7 +13,7 @@ import structlog
 
 from ledger.append import append_events
 from ledger.db import open_database
-from ledger.read import head_position
+from tests.ledger.helpers import head_of
 from tests.projections.helpers import finished, started
 from usage_ledger.cli import main
 
@@ -22,18 +22,6 @@ from usage_ledger.cli import main
 def _reset_logging() -> Iterator[None]:
     yield
     structlog.reset_defaults()
-
-
-def _head(url: str) -> int:
-    async def run() -> int:
-        database = open_database(url, null_pool=True)
-        try:
-            async with database.engine.connect() as conn:
-                return await head_position(conn)
-        finally:
-            await database.dispose()
-
-    return asyncio.run(run())
 
 
 @pytest.fixture
@@ -60,12 +48,12 @@ def ledger_url(backend_url: str, tmp_path: Path) -> str:
 
 
 def test_an_unknown_run_is_refused_and_nothing_is_appended(ledger_url: str, capsys: pytest.CaptureFixture[str]) -> None:
-    before = _head(ledger_url)
+    before = head_of(ledger_url)
     capsys.readouterr()
     assert main(["annotate", "--run", "nosuchrun", "--hardware", "rtx5090", "--db", ledger_url]) == 2
     err = capsys.readouterr().err
     assert "'nosuchrun'" in err and "nothing appended" in err and "ledger report runs" in err and "--force" in err
-    assert _head(ledger_url) == before
+    assert head_of(ledger_url) == before
 
 
 def test_gateway_imported_and_auto_runs_are_known(ledger_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,13 +61,13 @@ def test_gateway_imported_and_auto_runs_are_known(ledger_url: str, capsys: pytes
     names = sorted(run["run"] for run in json.loads(capsys.readouterr().out))
     (auto,) = [name for name in names if name.startswith("auto-")]
     assert names == sorted(["night-1", "old-1", auto])
-    before = _head(ledger_url)
+    before = head_of(ledger_url)
     for name in names:
         assert main(["annotate", "--run", name, "--kind", "nightly", "--db", ledger_url]) == 0
-    assert _head(ledger_url) == before + 3
+    assert head_of(ledger_url) == before + 3
 
 
 def test_force_labels_a_run_not_recorded_yet(ledger_url: str) -> None:
-    before = _head(ledger_url)
+    before = head_of(ledger_url)
     assert main(["annotate", "--run", "tomorrow", "--hardware", "h100", "--force", "--db", ledger_url]) == 0
-    assert _head(ledger_url) == before + 1
+    assert head_of(ledger_url) == before + 1
