@@ -3,12 +3,7 @@
 # Run:    docker run -p 8300:8300 -e LEDGER_UPSTREAM=http://vllm:8200 -v ledger-data:/data usage-ledger
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY ledger ./ledger
-COPY gateway ./gateway
-COPY projections ./projections
-COPY emulator ./emulator
-COPY migrations ./migrations
+COPY pyproject.toml README.md LICENSE ./
 COPY usage_ledger ./usage_ledger
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 

@@ -29,13 +29,13 @@ import asyncpg
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from ledger.append import append_events
-from ledger.blobs import blob_hash
-from ledger.db import Database, open_database
-from ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
-from ledger.migrate import upgrade_database
-from ledger.schema import blobs
-from ledger.writer import EventWriter
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import blob_hash
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.schema import blobs
+from usage_ledger.ledger.writer import EventWriter
 
 T0 = datetime(2026, 11, 30, 21, 0, tzinfo=UTC)
 WORDS = [

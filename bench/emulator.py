@@ -3,7 +3,7 @@
     .venv/bin/python bench/emulator.py chunks [--streams 64] [--tokens 2000] [--seconds 8]
     .venv/bin/python bench/emulator.py calibrate [--calls 1700]
 
-`chunks` starts `python -m emulator --speed 1e6` (uvloop + httptools) as a subprocess and reads
+`chunks` starts `python -m usage_ledger.emulator --speed 1e6` (uvloop + httptools) as a subprocess and reads
 SSE streams over raw asyncio sockets (so the client costs little CPU), counting `data: ` events.
 `calibrate` runs the closed-loop timing model in pure emulated time (DESIGN §7 workload).
 """
@@ -52,7 +52,17 @@ async def _stream(port: int, tokens: int, deadline: float, counts: list[int]) ->
 
 async def _chunks(args: argparse.Namespace) -> None:
     port = _free_port()
-    cmd = [sys.executable, "-m", "emulator", "--port", str(port), "--speed", "1e6", "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "usage_ledger.emulator",
+        "--port",
+        str(port),
+        "--speed",
+        "1e6",
+        "--log-level",
+        "warning",
+    ]
     cmd += ["--max-num-seqs", str(args.streams), "--profile", args.profile]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
@@ -77,7 +87,7 @@ async def _chunks(args: argparse.Namespace) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> None:
-    from emulator import PROFILES, simulate
+    from usage_ledger.emulator import PROFILES, simulate
 
     for name, clients, target in (("moe", 14, 911.0), ("dense", 3, 118.0)):
         r = simulate(PROFILES[name], clients=clients, calls=args.calls)

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import httpx
 
-from ledger.heap import freeze_startup_heap
+from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.processes import free_port
 
 LEDGER = str(Path(sys.executable).parent / "ledger")

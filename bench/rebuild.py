@@ -29,13 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sqlalchemy import select
 
-from ledger.append import append_events
-from ledger.db import open_database
-from ledger.events import CallFinished, CallStarted, Timings, Usage, new_event
-from ledger.migrate import upgrade_database
-from ledger.read import head_position, iter_events
-from ledger.schema import events
-from projections.engine import rebuild_projection
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.events import CallFinished, CallStarted, Timings, Usage, new_event
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.read import head_position, iter_events
+from usage_ledger.ledger.schema import events
+from usage_ledger.projections.engine import rebuild_projection
 
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 

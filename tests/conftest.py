@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from ledger.db import Database, open_database
-from ledger.migrate import upgrade_database
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.migrate import upgrade_database
 
 BACKENDS = ("sqlite", "postgresql")
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.db import open_database
-from ledger.verify import verify_chain
-from projections.reports import runs_report, tickers_report
-from projections.rows import RunRow, TickerRow
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.projections.reports import runs_report, tickers_report
+from usage_ledger.projections.rows import RunRow, TickerRow
 
 ROOT = Path(__file__).resolve().parent.parent
 

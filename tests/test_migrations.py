@@ -12,15 +12,15 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import MetaData, inspect
 from sqlalchemy.engine import Connection
 
-from ledger.db import open_database
-from ledger.migrate import current_revision, downgrade_database, head_revision, upgrade_database
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.migrate import current_revision, downgrade_database, head_revision, upgrade_database
 
 
 def _declared_metadata() -> list[MetaData]:
     """Every package's MetaData the migrations must match."""
-    found = [importlib.import_module("ledger.schema").metadata]
+    found = [importlib.import_module("usage_ledger.ledger.schema").metadata]
     with contextlib.suppress(ModuleNotFoundError):
-        found.append(importlib.import_module("projections.tables").metadata)
+        found.append(importlib.import_module("usage_ledger.projections.tables").metadata)
     return found
 
 

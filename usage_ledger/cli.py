@@ -14,12 +14,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from emulator import commands as emulator_commands
-from gateway import commands as gateway_commands
-from ledger import commands as ledger_commands
-from projections import commands as projections_commands
-from projections.api import build_api_routers
+from usage_ledger.emulator import commands as emulator_commands
 from usage_ledger.followers import projections_follower_process
+from usage_ledger.gateway import commands as gateway_commands
+from usage_ledger.ledger import commands as ledger_commands
+from usage_ledger.ledger.version import VERSION
+from usage_ledger.projections import commands as projections_commands
+from usage_ledger.projections.api import build_api_routers
 
 __all__ = ("build_parser", "main")
 
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ledger",
         description="usage-ledger: a byte-transparent gateway and an immutable usage ledger for LLM servers.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
     gateway_commands.register(sub, background=(projections_follower_process,), api=build_api_routers)

@@ -21,13 +21,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ledger.db import Database, open_database
-from ledger.migrate import upgrade_database
-from ledger.verify import verify_chain
-from projections.engine import catch_up_all
-from projections.reports import daily_report, runs_report, tickers_report
-from projections.rows import DailyRow, RunRow, TickerRow
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.processes import free_port, start_child
+from usage_ledger.projections.engine import catch_up_all
+from usage_ledger.projections.reports import daily_report, runs_report, tickers_report
+from usage_ledger.projections.rows import DailyRow, RunRow, TickerRow
 from usage_ledger.workload import TICKERS, WorkloadResult, run_workload
 
 __all__ = ("DemoOptions", "DemoRun", "run_demo")
@@ -137,7 +137,7 @@ async def _start_station(
         f"emulator-{profile.name}",
         [
             "-m",
-            "emulator",
+            "usage_ledger.emulator",
             "--port",
             str(emulator_port),
             "--profile",

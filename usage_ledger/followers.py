@@ -16,7 +16,7 @@ import time
 
 import structlog
 
-from ledger.db import Database
+from usage_ledger.ledger.db import Database
 from usage_ledger.processes import stop_process
 
 __all__ = ("projections_follower_process",)

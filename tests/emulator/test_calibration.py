@@ -13,7 +13,7 @@ import httpx
 import msgspec
 import pytest
 
-from emulator import PROFILES, RequestRecord, profile_config, running_emulator, simulate
+from usage_ledger.emulator import PROFILES, RequestRecord, profile_config, running_emulator, simulate
 
 SEED_TPS = {"moe": (14, 911.0), "dense": (3, 118.0)}
 

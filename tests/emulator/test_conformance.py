@@ -7,8 +7,8 @@ import msgspec
 import openai
 import pytest
 
-from emulator import profile_config, running_emulator
-from emulator.tokenizer import count_tokens, render_chat
+from usage_ledger.emulator import profile_config, running_emulator
+from usage_ledger.emulator.tokenizer import count_tokens, render_chat
 
 MODEL = "emulator-moe"
 FAST = profile_config("moe", speed=1000.0)

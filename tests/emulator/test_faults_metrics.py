@@ -9,8 +9,8 @@ import httpx
 import msgspec
 import pytest
 
-from emulator import parse_faults, profile_config, running_emulator
-from emulator.faults import FaultError
+from usage_ledger.emulator import parse_faults, profile_config, running_emulator
+from usage_ledger.emulator.faults import FaultError
 
 FAST = profile_config("moe", speed=1000.0)
 

@@ -9,9 +9,9 @@ import httpx
 import msgspec
 import pytest
 
-from emulator import PROFILES, profile_config, running_emulator, simulate
-from emulator.commands import add_arguments, build_config
 from tests.emulator.shapes import parse_sse
+from usage_ledger.emulator import PROFILES, profile_config, running_emulator, simulate
+from usage_ledger.emulator.commands import add_arguments, build_config
 
 FAST = profile_config("moe", speed=1000.0)
 TIMING_KEYS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
@@ -203,7 +203,7 @@ async def test_prompt_tokens_details_layout() -> None:
 
 
 def test_metrics_struct_names_follow_vllm() -> None:
-    from emulator.per_request import PerRequestMetrics, SpeculativeDecodingMetrics
+    from usage_ledger.emulator.per_request import PerRequestMetrics, SpeculativeDecodingMetrics
 
     assert set(PerRequestMetrics.__struct_fields__) == TIMING_KEYS | {"speculative_decoding"}
     assert set(SpeculativeDecodingMetrics.__struct_fields__) == SPEC_KEYS

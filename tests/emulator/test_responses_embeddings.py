@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
-from emulator import profile_config, running_emulator
-from emulator.tokenizer import count_tokens, render_chat
 from tests.emulator.shapes import parse_sse
+from usage_ledger.emulator import profile_config, running_emulator
+from usage_ledger.emulator.tokenizer import count_tokens, render_chat
 
 FAST = profile_config("moe", speed=1000.0)
 MODEL = FAST.model

@@ -20,8 +20,8 @@ import httpx
 import msgspec
 import pytest
 
-from emulator import EmulatorConfig, profile_config, running_emulator
 from tests.emulator.shapes import differences, parse_sse, skeleton, stream_differences
+from usage_ledger.emulator import EmulatorConfig, profile_config, running_emulator
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0"
 SERVED = {

@@ -8,9 +8,9 @@ import httpx
 import msgspec
 import pytest
 
-from emulator import profile_config, running_emulator
-from emulator.tokenizer import count_tokens
 from tests.emulator.shapes import parse_sse
+from usage_ledger.emulator import profile_config, running_emulator
+from usage_ledger.emulator.tokenizer import count_tokens
 
 FAST = profile_config("moe", speed=1000.0)
 CHAT = "/v1/chat/completions"

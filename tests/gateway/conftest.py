@@ -9,14 +9,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import GatewayApp, create_app
-from ledger.db import Database
-from ledger.events import Event
-from ledger.read import iter_events
-from ledger.settings import Settings
-from ledger.spool import Spool
-from ledger.writer import EventWriter
 from tests.gateway.upstream import FakeUpstream
+from usage_ledger.gateway.app import GatewayApp, create_app
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import Event
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
 
 
 @dataclass

@@ -5,12 +5,12 @@ from pathlib import Path
 import httpx
 from litestar import Router, get
 
-from gateway.app import create_app
-from ledger.db import Database
-from ledger.spool import Spool
-from ledger.writer import EventWriter
 from tests.gateway.conftest import make_settings
 from tests.gateway.upstream import FakeUpstream
+from usage_ledger.gateway.app import create_app
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
 
 
 @get("/ping")

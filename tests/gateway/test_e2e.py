@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from ledger.db import open_database
-from ledger.events import CallFailed, CallFinished, CallStarted, Event
-from ledger.read import iter_events
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.wire import read_response
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Event
+from usage_ledger.ledger.read import iter_events
 
 MODEL = "emulator-moe"
 

@@ -7,13 +7,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_app
-from ledger.db import Database
-from ledger.events import CallFailed, CallStarted, Event
-from ledger.read import iter_events
-from ledger.spool import Spool
-from ledger.writer import EventWriter
 from tests.gateway.conftest import make_settings
+from usage_ledger.gateway.app import create_app
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallFailed, CallStarted, Event
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
 
 
 @asynccontextmanager

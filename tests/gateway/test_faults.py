@@ -13,10 +13,10 @@ import openai
 import pytest
 from sqlalchemy.engine import make_url
 
-from ledger.events import CallFinished, CallStarted
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.test_e2e import MODEL, ledger_events, sdk
+from usage_ledger.ledger.events import CallFinished, CallStarted
 
 pytestmark = pytest.mark.slow
 

@@ -1,13 +1,13 @@
-"""The gateway imports `ledger` (and third-party code) only: never `projections` or `emulator`."""
+"""The gateway imports `usage_ledger.ledger` (and third-party code) only: never projections or the emulator."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-import gateway
+from usage_ledger import gateway
 
-FORBIDDEN = ("projections", "emulator")
+FORBIDDEN = ("usage_ledger.projections", "usage_ledger.emulator")
 
 
 def test_gateway_imports_neither_projections_nor_emulator() -> None:
@@ -21,7 +21,7 @@ def test_gateway_imports_neither_projections_nor_emulator() -> None:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module]
-            offenders += [f"{path.name}:{node.lineno}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
+            offenders += [f"{path.name}:{node.lineno}: {n}" for n in names if n.startswith(FORBIDDEN)]
     assert offenders == []
 
 

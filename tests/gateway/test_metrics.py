@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.metrics import Histogram
+from usage_ledger.gateway.metrics import Histogram
 
 
 def test_histogram_buckets_are_cumulative() -> None:

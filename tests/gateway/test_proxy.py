@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ledger.events import CallFinished, CallStarted
 from tests.gateway.conftest import Rig
 from tests.gateway.upstream import completion_body, sse_chunks
+from usage_ledger.ledger.events import CallFinished, CallStarted
 
 
 async def test_non_stream_bytes_and_events(rig: Rig) -> None:
@@ -106,7 +106,7 @@ async def test_invalid_ledger_headers_400(rig: Rig, header: tuple[str, str]) -> 
 
 
 def test_a_request_member_of_an_odd_type_costs_only_that_member() -> None:
-    from gateway.inspect import inspect_request
+    from usage_ledger.gateway.inspect import inspect_request
 
     info = inspect_request(b'{"model": 7, "stream": true, "max_tokens": 5, "temperature": "hot"}')
     assert info.stream and info.model is None and info.sampling.max_tokens == 5 and info.sampling.temperature is None

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
-from gateway.rawclient import HIGH_WATER, RawUpstream
-from ledger.settings import Settings
 from tests.gateway.processes import free_port
+from usage_ledger.gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
+from usage_ledger.gateway.rawclient import HIGH_WATER, RawUpstream
+from usage_ledger.ledger.settings import Settings
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
 SCENARIOS: list[Scenario] = []

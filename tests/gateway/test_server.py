@@ -13,18 +13,18 @@ from typing import Any
 
 import httpx
 
-from gateway.app import create_app
-from gateway.asgi import run_asgi
-from gateway.rawclient import RawUpstream
-from gateway.serve import bind_socket
-from gateway.server import MAX_HEAD_BYTES, Exchange, HttpServer, Request
-from ledger.db import Database
-from ledger.settings import Settings
-from ledger.spool import Spool
-from ledger.writer import EventWriter
 from tests.gateway.conftest import make_settings
 from tests.gateway.upstream import FakeUpstream
 from tests.gateway.wire import read_response
+from usage_ledger.gateway.app import create_app
+from usage_ledger.gateway.asgi import run_asgi
+from usage_ledger.gateway.rawclient import RawUpstream
+from usage_ledger.gateway.serve import bind_socket
+from usage_ledger.gateway.server import MAX_HEAD_BYTES, Exchange, HttpServer, Request
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
 
 Handler = Callable[[Request, Exchange], Awaitable[None]]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.sse import SseEvent, SseScanner
+from usage_ledger.gateway.sse import SseEvent, SseScanner
 
 
 def scan(parts: list[bytes]) -> list[SseEvent]:

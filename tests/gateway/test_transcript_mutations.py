@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.metrics import Metrics
-from gateway.observed import Observed
-from gateway.sse import SseScanner
 from tests.gateway.transcripts import Transcript, load_transcripts
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.observed import Observed
+from usage_ledger.gateway.sse import SseScanner
 
 WITH_USAGE = [t for t in load_transcripts() if t.status == 200 and t.method == "POST"]
 if not WITH_USAGE:

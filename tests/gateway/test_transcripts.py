@@ -22,16 +22,16 @@ import httpx
 import pytest
 import zstandard
 
-from gateway.app import create_app
-from ledger.db import Database, open_database
-from ledger.events import CallFailed, CallFinished, Event
-from ledger.migrate import upgrade_database
-from ledger.read import iter_events
-from ledger.settings import Settings
-from ledger.spool import Spool
-from ledger.writer import EventWriter
 from tests.gateway.transcripts import Transcript, expected_metrics, expected_usage, load_transcripts
 from tests.gateway.upstream import read_body
+from usage_ledger.gateway.app import create_app
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.events import CallFailed, CallFinished, Event
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
 
 TRANSCRIPTS = load_transcripts()
 BY_NAME = {t.name: t for t in TRANSCRIPTS}
@@ -254,8 +254,8 @@ async def test_once_the_upstream_forces_usage_streams_are_no_longer_rewritten(
 
 @pytest.mark.parametrize("transcript", [t for t in STREAMS if t.path.endswith("/responses")], ids=lambda t: t.name)
 def test_a_responses_stream_is_held_from_its_closing_event(transcript: Transcript) -> None:
-    from gateway.relay import SseRelay
-    from gateway.usage import inspect_chunk
+    from usage_ledger.gateway.relay import SseRelay
+    from usage_ledger.gateway.usage import inspect_chunk
 
     def observe(events: list[Any]) -> int | None:
         for event in events:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response, read_usage
-from ledger.events import Usage
+from usage_ledger.gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response, read_usage
+from usage_ledger.ledger.events import Usage
 
 CHAT_USAGE = {"prompt_tokens": 12, "total_tokens": 42, "completion_tokens": 30, "prompt_tokens_details": None}
 CHAT = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from ledger.db import open_database
-from ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
-from ledger.read import head_position
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.read import head_position
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.db import open_database
-from ledger.errors import ConfigError
-from ledger.settings import Settings, load_settings
-from ledger.spool import Spool, SpoolRecord
 from tests.ledger.helpers import call_events
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.settings import Settings, load_settings
+from usage_ledger.ledger.spool import Spool, SpoolRecord
 
 
 def ledger_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -78,7 +78,7 @@ def test_invalid_setting_value_is_reported() -> None:
 async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Path) -> None:
     from sqlalchemy import text
 
-    from ledger.migrate import upgrade_database
+    from usage_ledger.ledger.migrate import upgrade_database
 
     database = open_database(f"sqlite:///{tmp_path / 'l.db'}", sqlite_synchronous="normal")
     await upgrade_database(database)

@@ -6,10 +6,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from ledger.append import append_events
-from ledger.db import open_database
 from tests.ledger.helpers import call_events
 from tests.ledger.test_bad_input import ledger_cli
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import open_database
 
 
 def _seed(url: str, calls: int) -> None:

@@ -7,15 +7,15 @@ import asyncio
 import pytest
 from sqlalchemy import func, select
 
-from ledger.append import append_events
-from ledger.blobs import BlobCompressor, blob_hash, read_blob
-from ledger.db import Database
-from ledger.errors import BlobNotFound
-from ledger.read import follow_events, head_position, iter_events, read_events
-from ledger.schema import blobs
-from ledger.verify import verify_chain
-from ledger.writer import EventWriter
 from tests.ledger.helpers import call_events
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import BlobNotFound
+from usage_ledger.ledger.read import follow_events, head_position, iter_events, read_events
+from usage_ledger.ledger.schema import blobs
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.writer import EventWriter
 
 
 async def test_positions_are_gap_free_in_append_order(database: Database) -> None:

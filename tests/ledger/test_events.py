@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.chain import GENESIS_HASH, chain_hash
-from ledger.events import CallImported, CallRetagged, RunAnnotated, decode_event, encode_event, event_type
+from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
+from usage_ledger.ledger.events import CallImported, CallRetagged, RunAnnotated, decode_event, encode_event, event_type
 
 texts = st.text(max_size=20)
 moments = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))

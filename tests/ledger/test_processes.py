@@ -6,15 +6,15 @@ import asyncio
 import sys
 import textwrap
 
-from ledger.db import Database
-from ledger.read import iter_events
-from ledger.verify import verify_chain
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.verify import verify_chain
 
 APPENDER = textwrap.dedent(
     """
     import asyncio, sys
-    from ledger.append import append_events
-    from ledger.db import open_database
+    from usage_ledger.ledger.append import append_events
+    from usage_ledger.ledger.db import open_database
     from tests.ledger.helpers import call_events
 
     async def main(url: str, worker: int) -> None:

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from ledger.append import append_events
-from ledger.blobs import BlobCompressor, read_blob
-from ledger.db import open_database
-from ledger.errors import BlobNotFound
 from tests.ledger.helpers import call_events, head_of
 from usage_ledger.cli import main
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, read_blob
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import BlobNotFound
 
 _BODY = b'{"messages": [{"role": "user", "content": "a secret prompt that must go"}]}' * 3
 

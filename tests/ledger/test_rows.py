@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger._rows import build_rows
-from ledger.chain import GENESIS_HASH, chain_hash
-from ledger.events import CallRetagged, NewEvent, RunAnnotated, encode_event, event_type
-from ledger.schema import sqlite_time
+from usage_ledger.ledger._rows import build_rows
+from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
+from usage_ledger.ledger.events import CallRetagged, NewEvent, RunAnnotated, encode_event, event_type
+from usage_ledger.ledger.schema import sqlite_time
 
 zones = st.sampled_from([UTC, timezone(timedelta(hours=9)), timezone(timedelta(hours=-3, minutes=-30))])
 moments = st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=zones)

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from ledger.append import append_events
-from ledger.db import Database
-from ledger.events import CallStarted, new_event, utc_now
-from ledger.read import iter_events
-from ledger.verify import verify_chain
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallStarted, new_event, utc_now
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.verify import verify_chain
 
 
 async def test_append_read_verify(database: Database) -> None:

@@ -11,15 +11,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ledger.append import append_events
-from ledger.blobs import PreparedBlob, blob_hash, read_blob
-from ledger.db import Database, open_database
-from ledger.errors import ConfigError, SpoolCorrupt, SpoolWriteFailed
-from ledger.read import iter_events
-from ledger.spool import Spool, SpoolRecord
-from ledger.verify import verify_chain
-from ledger.writer import EventWriter, replay_spool
 from tests.ledger.helpers import call_events
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import PreparedBlob, blob_hash, read_blob
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.errors import ConfigError, SpoolCorrupt, SpoolWriteFailed
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.spool import Spool, SpoolRecord
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.writer import EventWriter, replay_spool
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nowhere"
 

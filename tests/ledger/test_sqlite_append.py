@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-import ledger.sqlite_append as sqlite_append
-from ledger.append import append_events
-from ledger.db import open_database
-from ledger.errors import DatabaseUnavailable
-from ledger.migrate import upgrade_database
-from ledger.read import iter_events
-from ledger.verify import verify_chain
-from ledger.writer import EventWriter
+import usage_ledger.ledger.sqlite_append as sqlite_append
 from tests.ledger.helpers import call_events
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import DatabaseUnavailable
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.writer import EventWriter
 
 
 async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on(

@@ -7,11 +7,11 @@ import uuid
 import pytest
 from sqlalchemy.exc import DBAPIError
 
-from ledger.append import append_events
-from ledger.blobs import BlobCompressor, blob_hash, redact_blob
-from ledger.db import Database
-from ledger.verify import verify_chain
 from tests.ledger.helpers import call_events
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, redact_blob
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.verify import verify_chain
 
 DROP_TRIGGERS = {
     "sqlite": [

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.append import append_events
-from ledger.db import Database
-from ledger.verify import verify_chain_on
 from tests.ledger.helpers import call_events
 from tests.ledger.test_tamper import DROP_TRIGGERS
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.verify import verify_chain_on
 
 ROWS = 40
 ROUNDS = 60

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.waiting import wait_up_to
+from usage_ledger.ledger.waiting import wait_up_to
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("ledger", "gateway", "projections", "emulator", "usage_ledger")
+PRODUCT = ("usage_ledger",)  # every layer lives under it
 
 
 async def test_it_says_whether_the_awaitable_finished_in_time() -> None:

@@ -11,16 +11,16 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
-from gateway.admin import create_admin_app
-from gateway.metrics import Metrics
-from ledger.db import Database, open_database
-from ledger.errors import SpoolWriteFailed
-from ledger.read import iter_events
-from ledger.settings import Settings
-from ledger.spool import Spool, SpoolRecord
-from ledger.verify import verify_chain
-from ledger.writer import EventWriter
 from tests.ledger.helpers import call_events
+from usage_ledger.gateway.admin import create_admin_app
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.errors import SpoolWriteFailed
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.spool import Spool, SpoolRecord
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.writer import EventWriter
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nowhere"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from ledger.append import append_events
-from ledger.db import Database
-from ledger.events import CallFailed, CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 

@@ -11,11 +11,11 @@ import msgspec
 import pytest
 import structlog
 
-from ledger.append import append_events
-from ledger.db import open_database
 from tests.ledger.helpers import head_of
 from tests.projections.helpers import finished, started
 from usage_ledger.cli import main
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import open_database
 
 
 @pytest.fixture(autouse=True)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
-from ledger.db import Database
-from projections.api import build_api_routers
-from projections.engine import catch_up_all
 from tests.projections.helpers import append, finished, started
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections.api import build_api_routers
+from usage_ledger.projections.engine import catch_up_all
 
 
 async def test_read_api(database: Database) -> None:

@@ -7,12 +7,12 @@ import contextlib
 
 from sqlalchemy import event, insert, select
 
-from ledger.db import Database
-from ledger.events import CallRetagged, new_event, utc_now
-from ledger.schema import checkpoints
-from projections.engine import PROJECTIONS, catch_up, catch_up_all, follow_projections, projection_status
-from projections.tables import calls as calls_table
 from tests.projections.helpers import append, finished, started
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallRetagged, new_event, utc_now
+from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.projections.engine import PROJECTIONS, catch_up, catch_up_all, follow_projections, projection_status
+from usage_ledger.projections.tables import calls as calls_table
 
 
 async def test_follow_applies_new_events(database: Database) -> None:

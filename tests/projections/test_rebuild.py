@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from ledger.db import Database, open_database
-from ledger.events import (
+from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.events import (
     CallFailed,
     CallFinished,
     CallImported,
@@ -27,12 +28,12 @@ from ledger.events import (
     new_event,
     utc_now,
 )
-from ledger.migrate import upgrade_database
-from ledger.read import head_position, iter_events
-from ledger.schema import checkpoints
-from projections._bulk import insert_plain_calls, prepare_calls
-from projections.calls import _sqlite_digest, rows_digest
-from projections.engine import (
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.read import head_position, iter_events
+from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.projections._bulk import insert_plain_calls, prepare_calls
+from usage_ledger.projections.calls import _sqlite_digest, rows_digest
+from usage_ledger.projections.engine import (
     PROJECTIONS,
     catch_up,
     load_version,
@@ -40,9 +41,8 @@ from projections.engine import (
     rebuild_projection,
     set_formula,
 )
-from projections.reports import recompute_report, runs_report
-from projections.tables import calls
-from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
+from usage_ledger.projections.reports import recompute_report, runs_report
+from usage_ledger.projections.tables import calls
 
 _serial = itertools.count()
 

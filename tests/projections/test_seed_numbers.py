@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from ledger.db import Database
-from projections.importer import import_file
-from projections.reports import daily_report, runs_report, tickers_report
 from tests.projections.seed import DENSE, MOE, SEOUL, seed_rows, write_jsonl
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections.importer import import_file
+from usage_ledger.projections.reports import daily_report, runs_report, tickers_report
 
 
 async def _load(database: Database, tmp_path: Path) -> None:

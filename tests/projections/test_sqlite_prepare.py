@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ledger.db import open_database
-from ledger.errors import LedgerError
-from ledger.migrate import upgrade_database
-from projections._bulk import _run_sqlite_prepare
-from projections._sqlite_prepare import ROWS_FILES, ScanProgress, _driver, prepare
 from tests.projections.helpers import append, append_plain_calls, failed, finished, started
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.projections._bulk import _run_sqlite_prepare
+from usage_ledger.projections._sqlite_prepare import ROWS_FILES, ScanProgress, _driver, prepare
 
 
 def test_the_child_uses_a_sqlite_with_the_fast_json_parser() -> None:

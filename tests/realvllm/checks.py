@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ledger.events import CallFinished
 from tests.gateway.processes import Process, gateway, upgrade
 from tests.realvllm import harness
 from tests.realvllm.cases import Case, cases_for
 from tests.realvllm.harness import LedgerCall, Reply, Tally
 from tests.realvllm.servers import CONFIGS, VllmServer
+from usage_ledger.ledger.events import CallFinished
 
 __all__ = (
     "Batch",

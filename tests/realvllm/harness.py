@@ -20,12 +20,12 @@ import httpx
 import httpx2  # the openai SDK's HTTP client
 import openai
 
-from ledger.db import open_database
-from ledger.events import CallFailed, CallFinished, CallStarted
-from ledger.read import iter_events
 from tests.gateway.processes import LEDGER
 from tests.realvllm.cases import Case
 from tests.realvllm.promtext import parse_samples, total
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted
+from usage_ledger.ledger.read import iter_events
 
 __all__ = (
     "COUNTERS",

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 import httpx
 import msgspec
 
-from ledger.blobs import read_blob
-from ledger.db import open_database
-from ledger.events import CallFailed, CallFinished, CallStarted, Event
-from ledger.read import iter_events
-from ledger.verify import verify_chain
 from tests.gateway import processes
+from usage_ledger.ledger.blobs import read_blob
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Event
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.verify import verify_chain
 
 MODEL = "emulator-moe"
 

@@ -19,15 +19,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.app import create_app
-from gateway.errors import InvalidLedgerHeader
-from gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
-from ledger.db import Database
-from ledger.settings import Settings
-from ledger.spool import Spool
-from ledger.writer import EventWriter
-from projections.importer import parse_file
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
+from usage_ledger.gateway.app import create_app
+from usage_ledger.gateway.errors import InvalidLedgerHeader
+from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.writer import EventWriter
+from usage_ledger.projections.importer import parse_file
 
 # -- X-Ledger-* headers ---------------------------------------------------------------------------
 _tag_names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,63}", fullmatch=True)

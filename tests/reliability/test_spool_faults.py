@@ -21,15 +21,15 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
-from ledger.db import open_database
-from ledger.errors import SpoolWriteFailed
-from ledger.read import iter_events
-from ledger.spool import Spool, SpoolRecord
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.test_faults import TcpCut
 from tests.ledger.helpers import call_events
 from tests.reliability.helpers import chat_body, raw_call, read_ledger, verify_fast
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import SpoolWriteFailed
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.spool import Spool, SpoolRecord
 
 pytestmark = pytest.mark.slow
 

@@ -1,0 +1,333 @@
+"""`POST /v1/chat/completions` and `/v1/completions`: validate, schedule, stream or answer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from usage_ledger.emulator.asgi import JSON, Receive, Scope, Send, respond
+from usage_ledger.emulator.bodies import ChatChoice, ChatCompletion, ChatResponseMessage, Completion, CompletionChoice
+from usage_ledger.emulator.config import EmulatorConfig
+from usage_ledger.emulator.engine import Engine
+from usage_ledger.emulator.faults import Faults
+from usage_ledger.emulator.lengths import natural_length, output_plan
+from usage_ledger.emulator.lifecycle import (
+    BadRequest,
+    base_request_id,
+    decode_request,
+    header_faults,
+    next_step,
+    reject,
+    running,
+    until_done,
+)
+from usage_ledger.emulator.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs, prompt_pieces
+from usage_ledger.emulator.per_request import PerRequestMetrics, per_request_metrics
+from usage_ledger.emulator.scheduler import Sequence
+from usage_ledger.emulator.sse import DONE, StreamChunks, error_event
+from usage_ledger.emulator.tokenizer import PIECES, decode, generated_text
+from usage_ledger.emulator.validate import prompt_of, validate
+from usage_ledger.emulator.version import system_fingerprint
+from usage_ledger.emulator.wire import ChatRequest, CompletionRequest, PromptTokensDetails, Usage, error_body
+
+__all__ = ("handle_generate",)
+
+_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_encode = msgspec.json.Encoder().encode
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+
+
+class _Choice:
+    """One of the `n` choices: an engine sequence of its own (vLLM's parallel sampling)."""
+
+    __slots__ = ("index", "offset", "seq", "stop_reason")
+
+    def __init__(self, index: int, seq: Sequence, offset: int, stop_reason: str | int | None):
+        self.index = index
+        self.seq = seq
+        self.offset = offset  # where its text starts in the passage rotation
+        self.stop_reason = stop_reason  # the stop string / token id a natural stop reports
+
+
+class _Call:
+    """One chat/completions call: the request, its choices and what its answer shows."""
+
+    __slots__ = ("_prompt", "choices", "config", "created", "echo", "req", "request_id")
+
+    def __init__(
+        self,
+        config: EmulatorConfig,
+        req: ChatRequest | CompletionRequest,
+        request_id: str,
+        choices: list[_Choice],
+        created: int,
+        prompt: tuple[str, list[int] | None],
+    ):
+        self.config = config
+        self.req = req
+        self.request_id = request_id
+        self.choices = choices
+        self.created = created
+        self._prompt = prompt
+        self.echo = isinstance(req, CompletionRequest) and bool(req.echo)  # chat `echo` is not emulated
+
+    @property
+    def prompt_text(self) -> str:
+        text, ids = self._prompt
+        return decode(ids) if ids is not None else text
+
+    @property
+    def pieces(self) -> list[str]:
+        """The prompt's tokens as text (for echo and prompt logprobs only: a long prompt has many)."""
+        return prompt_pieces(*self._prompt)
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [c.seq for c in self.choices]
+
+    def metrics(self) -> PerRequestMetrics | None:
+        """The per-request block: none for n > 1 (vLLM cannot attribute it to one stream)."""
+        if len(self.choices) != 1:
+            return None
+        only = self.choices[0]
+        # a stop string is caught by vLLM's detokenizer, not the engine, so the engine's
+        # spec-decode counters never reach the response (`speculative_decoding: null`)
+        return per_request_metrics(self.config, only.seq, spec_decoding=not isinstance(only.stop_reason, str))
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.req, ChatRequest)
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """How many alternatives the logprobs list (None: no logprobs asked)."""
+        req = self.req
+        if isinstance(req, ChatRequest):
+            return (req.top_logprobs or 0) if req.logprobs else None
+        return req.logprobs
+
+    @property
+    def prompt_top(self) -> int | None:
+        """vLLM's prompt_logprobs count: asked for, or (completions) `echo` with `logprobs`."""
+        req = self.req
+        if req.prompt_logprobs is not None:
+            return req.prompt_logprobs
+        return req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
+
+
+def _usage_flags(config: EmulatorConfig, req: ChatRequest | CompletionRequest) -> tuple[bool, bool]:
+    """vLLM's `should_include_usage`: (usage chunk, usage on every chunk); forced = (True, True)."""
+    if config.enable_force_include_usage:
+        return True, True
+    opts = req.stream_options
+    include = bool(opts and opts.include_usage)
+    return include, include and bool(opts and opts.continuous_usage_stats)
+
+
+async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, receive: Receive, send: Send) -> None:
+    chat = scope["path"] == "/v1/chat/completions"
+    decoded: tuple[Faults, ChatRequest | CompletionRequest] | None
+    if chat:
+        decoded = await decode_request(config, scope, receive, send, _chat_decoder)
+    else:
+        decoded = await decode_request(config, scope, receive, send, _completion_decoder)
+    if decoded is None:
+        return
+    faults, req = decoded
+    try:
+        prompt_text, prompt_tokens, prompt_ids = prompt_of(req)
+        max_tokens = validate(config, req, prompt_tokens)
+    except BadRequest as exc:
+        await reject(send, exc)
+        return
+    if await header_faults(faults, send):
+        return
+
+    base_id = base_request_id(scope, req.request_id)
+    request_id = ("chatcmpl-" if chat else "cmpl-") + base_id
+    now = engine.now()
+    choices: list[_Choice] = []
+    for i in range(req.n):
+        key = prompt_text.encode() + (b"" if i == 0 else b"#%d" % i)  # each choice its own length
+        natural = natural_length(key, config.mean_output_tokens, config.output_spread)
+        n_out, reason = output_plan(
+            natural=natural,
+            max_tokens=max_tokens,
+            min_tokens=req.min_tokens,
+            ignore_eos=req.ignore_eos,
+            room=config.max_model_len - prompt_tokens,
+        )
+        seq_id = request_id if req.n == 1 else f"{i}_{request_id}"  # vLLM's child request ids
+        seq = Sequence(seq_id, prompt_tokens, n_out, reason, now)
+        choices.append(_Choice(i, seq, natural % len(PIECES), req.stop_reason() if reason == "stop" else None))
+    call = _Call(config, req, request_id, choices, int(now), (prompt_text, prompt_ids))
+    extra = [(b"x-request-id", base_id.encode())]
+    async with running(engine, receive, *call.seqs) as disconnected:
+        if req.stream:
+            include_usage, usage_each = _usage_flags(config, req)
+            chunks = StreamChunks(
+                chat=chat,
+                request_id=request_id,
+                created=call.created,
+                model=config.model,
+                offsets=[c.offset for c in choices],
+                prompt_tokens=prompt_tokens,
+                include_usage=include_usage,
+                usage_each=usage_each,
+                fingerprint=system_fingerprint(config),
+                logprobs=call.top_logprobs,
+                echo=(call.prompt_text, call.pieces) if call.echo else None,
+            )
+            await _stream(call, engine, chunks, send, faults, include_usage, extra, disconnected)
+        else:
+            await _answer(call, send, faults, extra, disconnected)
+
+
+async def _stream(
+    call: _Call,
+    engine: Engine,
+    chunks: StreamChunks,
+    send: Send,
+    faults: Faults,
+    include_usage: bool,
+    extra: list[tuple[bytes, bytes]],
+    disconnected: asyncio.Event,
+) -> None:
+    seqs = call.seqs
+    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+    sent = [0] * len(seqs)  # tokens sent, per choice
+    n_chunks = 0  # content chunks sent
+    first = chunks.chat  # the role chunks (one per choice) go first
+    fault_at = min(x for x in (faults.error_after, faults.drop_after, 1 << 62) if x is not None)
+    while True:
+        if not any(seq.pending for seq in seqs):
+            if all(seq.done for seq in seqs):
+                break
+            await next_step(*(seq for seq in seqs if not seq.done))
+            if disconnected.is_set():
+                return
+            continue
+        out: list[bytes] = []
+        if first:
+            out.extend(chunks.role(c.index) for c in call.choices)
+            first = False
+        # one event per choice and engine step, the choices interleaved step by step as vLLM's are
+        batches = []
+        for c in call.choices:
+            batches.append(c.seq.pending)
+            c.seq.pending = []
+        for j in range(max(map(len, batches))):
+            for c, batch in zip(call.choices, batches, strict=True):
+                if j >= len(batch) or n_chunks == fault_at:
+                    continue
+                seq, i, n = c.seq, c.index, batch[j]
+                done = sent[i]
+                if j == len(batch) - 1 and seq.done and not seq.aborted:
+                    out.append(chunks.final(i, done, n, done + n, seq.finish_reason, c.stop_reason))
+                else:
+                    out.append(chunks.content(i, done, n, done + n))
+                sent[i] += n
+                n_chunks += 1
+        finished = all(
+            seq.done and not seq.pending and sent[c.index] == seq.output_tokens
+            for c, seq in zip(call.choices, seqs, strict=True)
+        )
+        if n_chunks == fault_at and not finished:
+            for seq in seqs:
+                engine.abort(seq)
+            if faults.error_after == fault_at:
+                out.append(error_event(500, "Injected fault: error in the middle of the stream (X-Emulator-Fault)."))
+                out.append(DONE)
+                await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
+            elif out:
+                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            return  # drop: return with the response incomplete; the server closes the connection
+        await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+    if any(seq.aborted for seq in seqs):
+        return
+    tail = DONE
+    if include_usage:
+        # metrics ride on the usage-only chunk, so a stream without usage carries none (as in vLLM)
+        generated = sum(seq.generated for seq in seqs)
+        tail = chunks.usage(generated, details=call.config.prompt_tokens_details, metrics=call.metrics()) + DONE
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+
+def _usage(call: _Call) -> Usage:
+    p, c = call.choices[0].seq.prompt_tokens, sum(seq.generated for seq in call.seqs)  # the prompt counts once
+    details = None
+    if call.config.prompt_tokens_details:
+        # chat reports the cache-creation count; completions set cached_tokens only
+        details = PromptTokensDetails(cached_tokens=0, created_cache_tokens=0 if call.chat else None)
+    return Usage(prompt_tokens=p, total_tokens=p + c, completion_tokens=c, prompt_tokens_details=details)
+
+
+def _body(call: _Call) -> bytes:
+    config = call.config
+    top, prompt_top = call.top_logprobs, call.prompt_top
+    prompt_lp = prompt_logprobs(call.pieces, prompt_top) if prompt_top is not None else None
+    if call.chat:
+        chat_choices = [
+            ChatChoice(
+                index=c.index,
+                message=ChatResponseMessage(content=generated_text(c.offset, c.seq.generated)),
+                finish_reason=c.seq.finish_reason,
+                stop_reason=c.stop_reason,
+                logprobs=None if top is None else chat_logprobs(c.offset, 0, c.seq.generated, top),
+            )
+            for c in call.choices
+        ]
+        return _encode(
+            ChatCompletion(
+                id=call.request_id,
+                created=call.created,
+                model=config.model,
+                choices=chat_choices,
+                usage=_usage(call),
+                metrics=call.metrics(),
+                system_fingerprint=system_fingerprint(config),
+                prompt_logprobs=prompt_lp,
+            )
+        )
+    echo = call.pieces if call.echo else None
+    completion_choices = [
+        CompletionChoice(
+            index=c.index,
+            text=(call.prompt_text if call.echo else "") + generated_text(c.offset, c.seq.generated),
+            finish_reason=c.seq.finish_reason,
+            stop_reason=c.stop_reason,
+            logprobs=None if top is None else completion_logprobs(c.offset, 0, c.seq.generated, top, echo=echo),
+            prompt_logprobs=prompt_lp,
+        )
+        for c in call.choices
+    ]
+    return _encode(
+        Completion(
+            id=call.request_id,
+            created=call.created,
+            model=config.model,
+            choices=completion_choices,
+            usage=_usage(call),
+            metrics=call.metrics(),
+            system_fingerprint=system_fingerprint(config),
+        )
+    )
+
+
+async def _answer(
+    call: _Call, send: Send, faults: Faults, extra: list[tuple[bytes, bytes]], disconnected: asyncio.Event
+) -> None:
+    if not await until_done(disconnected, *call.seqs):
+        return
+    body = _body(call)
+    if faults.error_after is not None:
+        await respond(send, 500, error_body(500, "Injected fault (X-Emulator-Fault).", None), extra=extra)
+        return
+    if faults.drop_after is not None:
+        headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode()), *extra]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+        return
+    await respond(send, 200, body, extra=extra)

@@ -1,0 +1,153 @@
+"""The admin side, under `/_ledger/`: health, Prometheus metrics and the read API (Litestar).
+
+    /_ledger/health              no auth: liveness plus the writer's state
+    /_ledger/metrics             Prometheus text exposition
+    /_ledger/api/calls/{id}      the events of one call (stream `call-<id>`)
+    /_ledger/api/<routers>       read models supplied by the composition (runs, tickers, daily, ...)
+    /_ledger/api/schema          the OpenAPI schema (…/schema/openapi.json)
+
+Everything but health needs `Authorization: Bearer $LEDGER_ADMIN_TOKEN` when the token is set.
+Handlers receive `database: Database` and `settings: Settings` as dependencies.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Response, Router, get
+from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency, Provide
+from litestar.exceptions import NotAuthorizedException, NotFoundException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.params import FromPath
+from sqlalchemy import select
+
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import Event, decode_event
+from usage_ledger.ledger.schema import events
+from usage_ledger.ledger.version import VERSION
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.writer import EventWriter
+
+__all__ = ("CallEvent", "CallEvents", "admin_guard", "create_admin_app")
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: str  # "ok", or "degraded" (still serving) with `reasons`
+    spooling: bool
+    queue_depth: int
+    spool_bytes: int
+    in_flight: int
+    reasons: list[str] = []
+    version: str = VERSION  # the usage-ledger release serving
+
+
+class CallEvent(msgspec.Struct, frozen=True):
+    position: int
+    type: str
+    occurred_at: datetime
+    recorded_at: datetime
+    body: Event
+
+
+class CallEvents(msgspec.Struct, frozen=True):
+    call_id: str
+    events: list[CallEvent]
+
+
+def admin_guard(token: str | None) -> Any:
+    expected = f"Bearer {token}".encode() if token else None
+
+    def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if expected is None:
+            return
+        given = connection.headers.get("authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise NotAuthorizedException("send Authorization: Bearer <LEDGER_ADMIN_TOKEN> to use the admin API")
+
+    return guard
+
+
+@get("/calls/{call_id:str}/events", summary="The ledger events of one call")
+async def get_call(call_id: FromPath[str], database: NamedDependency[Database]) -> CallEvents:
+    query = (
+        select(events.c.position, events.c.type, events.c.occurred_at, events.c.recorded_at, events.c.payload)
+        .where(events.c.stream == f"call-{call_id}")
+        .order_by(events.c.position)
+    )
+    async with database.engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    if not rows:
+        raise NotFoundException(f"no call {call_id!r} in the ledger")
+    return CallEvents(
+        call_id=call_id,
+        events=[
+            CallEvent(position=r[0], type=r[1], occurred_at=r[2], recorded_at=r[3], body=decode_event(r[4]))
+            for r in rows
+        ],
+    )
+
+
+def create_admin_app(
+    settings: Settings,
+    *,
+    database: Database,
+    writer: EventWriter,
+    metrics: Metrics,
+    api_routers: Sequence[Router] = (),
+) -> Litestar:
+    guard = admin_guard(settings.admin_token)
+
+    @get("/_ledger/health", summary="Liveness and the writer's state", include_in_schema=False)
+    async def health() -> Health:
+        # Always 200: the gateway still proxies and spools, so a restart would not help; `status` tells.
+        problems = writer.problems
+        return Health(
+            status="degraded" if problems else "ok",
+            reasons=problems,
+            spooling=writer.spooling,
+            queue_depth=writer.queue_depth,
+            spool_bytes=writer.spool_bytes,
+            in_flight=metrics.in_flight,
+        )
+
+    @get("/_ledger/metrics", guards=[guard], include_in_schema=False)
+    async def prometheus() -> Response[str]:
+        text = metrics.render(
+            queue_depth=writer.queue_depth,
+            spool_bytes=writer.spool_bytes,
+            spooling=writer.spooling,
+            committed=writer.committed_events,
+            spooled=writer.spooled_events,
+        )
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    api = Router(path="/_ledger/api", route_handlers=[get_call, *api_routers], guards=[guard])
+    openapi = OpenAPIConfig(
+        title="usage-ledger admin API",
+        version="1",
+        path="/_ledger/api/schema",
+        render_plugins=[JsonRenderPlugin()],
+        openapi_router=Router(path="/_ledger/api/schema", route_handlers=[], guards=[guard]),
+        components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
+        security=[{"bearer": []}] if settings.admin_token else None,
+    )
+    return Litestar(
+        route_handlers=[health, prometheus, api],
+        dependencies={
+            "database": Provide(lambda: database, sync_to_thread=False),
+            "settings": Provide(lambda: settings, sync_to_thread=False),
+        },
+        openapi_config=openapi,
+        debug=False,
+        logging_config=None,
+        request_max_body_size=settings.max_body_bytes,
+    )

@@ -1,0 +1,85 @@
+"""`ledger serve`, contributed by the gateway package (no logic beyond parsing and running)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from usage_ledger.gateway.serve import ApiFactory, Background, serve
+from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.settings import load_settings
+
+__all__ = ("register",)
+
+
+def register(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    *,
+    background: Sequence[Background] = (),
+    api: ApiFactory | None = None,
+) -> None:
+    """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit;
+    `api` adds read-API routers under `/_ledger/api`."""
+    parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
+    parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="listen port (default 8300)")
+    parser.add_argument(
+        "--durability", choices=("strict", "async"), help="strict (default): record before the last bytes"
+    )
+    parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
+    parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
+    if background:
+        parser.add_argument(
+            "--no-projections",
+            dest="no_background",
+            action="store_true",
+            help="do not keep the read models current in this process (run `ledger projections run --follow` "
+            "once elsewhere, e.g. beside several replicas)",
+        )
+    parser.set_defaults(
+        func=lambda args: _serve(args, () if getattr(args, "no_background", False) else background, api)
+    )
+
+
+def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None) -> int:
+    names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
+    try:
+        settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
+    except LedgerError as exc:
+        print(f"ledger: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_format)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(settings, background=background, api=api))
+    except LedgerError as exc:
+        print(f"ledger: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"ledger: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    # While serving, `serve` handles SIGTERM itself (graceful stop); before and after that (start-up,
+    # the writer's final drain) the default action would kill the process before `finally` blocks ran.
+    raise SystemExit(0)
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory

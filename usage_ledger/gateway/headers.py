@@ -1,0 +1,171 @@
+"""Request and response headers: X-Ledger-* tags, secret fingerprints, hop-by-hop filtering.
+
+Headers are ASGI pairs of lower-cased `bytes`. Nothing here logs or stores a secret: recorded
+headers carry `sha256:<12 hex>` (a keyed SHA-256) in place of credentials, enough to tell two
+keys apart, useless for recovering one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable, Sequence
+
+import msgspec
+
+from usage_ledger.gateway.errors import InvalidLedgerHeader
+
+__all__ = (
+    "Header",
+    "LedgerTags",
+    "fingerprint",
+    "parse_ledger_headers",
+    "recorded_headers",
+    "response_headers",
+)
+
+Header = tuple[bytes, bytes]
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+SECRET_HEADERS = frozenset(
+    {
+        b"authorization",
+        b"proxy-authorization",
+        b"api-key",
+        b"x-api-key",
+        b"cookie",
+        b"set-cookie",
+        b"x-auth-token",
+        b"x-goog-api-key",
+        b"openai-api-key",
+    }
+)
+_SECRET_WORDS = (b"auth", b"token", b"secret", b"key", b"password", b"cookie", b"session")
+_FINGERPRINT_KEY = b"usage-ledger/header-fingerprint/v1"
+
+PREFIX = b"x-ledger-"
+_TAG_PREFIX = b"x-ledger-tag-"
+_RUN = b"x-ledger-run"
+_TICKER = b"x-ledger-ticker"
+MAX_VALUE = 256
+MAX_TAGS = 32
+_NAME = re.compile(rb"[a-z0-9][a-z0-9_.\-]{0,63}")
+
+
+class LedgerTags(msgspec.Struct, frozen=True):
+    run: str | None = None
+    tags: dict[str, str] = {}
+
+
+def fingerprint(value: bytes) -> str:
+    return "sha256:" + hmac.new(_FINGERPRINT_KEY, value, hashlib.sha256).hexdigest()[:12]
+
+
+_SECRET_NAMES: dict[bytes, bool] = {}
+_SECRET_NAMES_MAX = 4096
+
+
+def is_secret(name: bytes) -> bool:
+    known = _SECRET_NAMES.get(name)
+    if known is None:
+        known = name in SECRET_HEADERS or any(word in name for word in _SECRET_WORDS)
+        if len(_SECRET_NAMES) < _SECRET_NAMES_MAX:  # header names repeat; a flood of new ones is not cached
+            _SECRET_NAMES[name] = known
+    return known
+
+
+def _value(name: bytes, raw: bytes) -> str:
+    header = name.decode("latin-1")
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise InvalidLedgerHeader(f"header {header} is not valid UTF-8", param=header) from None
+    if not text:
+        raise InvalidLedgerHeader(f"header {header} is empty; omit it or give a value", param=header)
+    if len(text) > MAX_VALUE:
+        raise InvalidLedgerHeader(
+            f"header {header} is {len(text)} characters long; the limit is {MAX_VALUE}", param=header
+        )
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise InvalidLedgerHeader(f"header {header} contains control characters", param=header)
+    return text
+
+
+def parse_ledger_headers(headers: Iterable[Header]) -> tuple[LedgerTags, list[Header]]:
+    """The call's run and tags, and the headers to forward (X-Ledger-* stripped).
+
+    Raises `InvalidLedgerHeader` (→ 400) for a malformed value or tag name, or an unknown X-Ledger-* name.
+    """
+    forward: list[Header] = []
+    run: str | None = None
+    tags: dict[str, str] = {}
+    for name, value in headers:
+        if not name.startswith(PREFIX):
+            forward.append((name, value))
+            continue
+        if name == _RUN:
+            run = _value(name, value)
+        elif name == _TICKER:
+            tags["ticker"] = _value(name, value)
+        elif name.startswith(_TAG_PREFIX):
+            tag = name[len(_TAG_PREFIX) :]
+            if not _NAME.fullmatch(tag):
+                shown = name.decode("latin-1")
+                raise InvalidLedgerHeader(
+                    f"header {shown}: tag names are 1-64 characters of a-z, 0-9, '_', '.', '-'", param=shown
+                )
+            tags[tag.decode("ascii")] = _value(name, value)
+        else:
+            shown = name.decode("latin-1")
+            raise InvalidLedgerHeader(
+                f"unknown header {shown}: use X-Ledger-Run, X-Ledger-Ticker or X-Ledger-Tag-<name>", param=shown
+            )
+    if len(tags) > MAX_TAGS:
+        raise InvalidLedgerHeader(f"{len(tags)} X-Ledger tags given; the limit is {MAX_TAGS}")
+    return LedgerTags(run=run, tags=tags), forward
+
+
+def recorded_headers(headers: Iterable[Header]) -> list[tuple[str, str]]:
+    """Headers as stored in an event: secrets replaced by their fingerprint."""
+    return [
+        (name.decode("latin-1"), fingerprint(value) if is_secret(name) else value.decode("latin-1"))
+        for name, value in headers
+    ]
+
+
+def _connection_tokens(headers: Sequence[Header]) -> frozenset[bytes]:
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        if name == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    return frozenset(tokens)
+
+
+def forward_headers(headers: Sequence[Header]) -> list[Header]:
+    """Request headers for the upstream: hop-by-hop, `host`, `expect` and `content-length` removed.
+
+    The upstream client sets host and length itself (the length changes when usage is requested).
+    """
+    drop = HOP_BY_HOP | _connection_tokens(headers) | {b"host", b"expect", b"content-length"}
+    return [(n, v) for n, v in headers if n not in drop]
+
+
+def response_headers(headers: Sequence[Header], *, drop_length: bool = False) -> list[Header]:
+    """Upstream response headers for the client, minus hop-by-hop ones (and content-length if the body changes)."""
+    drop = HOP_BY_HOP | _connection_tokens(headers)
+    if drop_length:
+        drop = drop | {b"content-length"}
+    return [(n, v) for n, v in headers if n not in drop]

@@ -1,0 +1,86 @@
+"""Turning a proxied call into ledger events, and honouring the durability setting.
+
+`call.started` is submitted (not awaited) once the request body is complete; the final event
+(`call.finished` / `call.failed`) is submitted with the response body as a blob. With strict
+durability the proxy awaits `call.started` (`until_durable`) before sending the response headers,
+so a call whose response began reaching the client survives a crash as started-not-finished, and
+awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
+commit in the `EventWriter` batches concurrent calls into one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+
+import structlog
+
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, new_event
+from usage_ledger.ledger.settings import Durability
+from usage_ledger.ledger.writer import Durable, EventWriter
+
+__all__ = ("Recorder", "new_call_id")
+
+log = structlog.get_logger("gateway.recorder")
+
+
+def new_call_id() -> str:
+    """A short, time-ordered unique id: 12 hex digits of Unix milliseconds + 16 random hex digits."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
+
+
+def call_stream(call_id: str) -> str:
+    return f"call-{call_id}"
+
+
+class Recorder:
+    def __init__(self, writer: EventWriter, durability: Durability, metrics: Metrics) -> None:
+        self.writer = writer
+        self.strict = durability == "strict"
+        self.metrics = metrics
+
+    @staticmethod
+    def digest(body: bytes) -> str:
+        return hashlib.sha256(body).hexdigest()
+
+    def started(self, event: CallStarted, body: bytes | None) -> asyncio.Future[Durable]:
+        bodies = {event.request_blob: body} if event.request_blob and body is not None else None
+        future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
+        future.add_done_callback(self._check)
+        return future
+
+    async def until_durable(self, future: asyncio.Future[Durable]) -> None:
+        """With strict durability, wait for a submitted event (its failure is logged by `_check`)."""
+        if self.strict and not future.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(future)
+
+    async def finish(self, event: CallFinished | CallFailed, body: bytes | None, *, wait: bool = True) -> None:
+        """Submit the final event; with strict durability (and `wait`) return once it is durable."""
+        bodies = {event.response_blob: body} if event.response_blob and body is not None else None
+        future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
+        if not (self.strict and wait):
+            future.add_done_callback(self._check)
+            return
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._check)
+            raise
+        except Exception as exc:
+            # Recording failed even to the spool: the response is still delivered (availability
+            # first); the failure is logged and counted so it cannot go unnoticed.
+            self.metrics.record_failures += 1
+            log.error("call_record_failed", call_id=event.call_id, error=str(exc))
+
+    def _check(self, future: asyncio.Future[Durable]) -> None:
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is not None:
+            self.metrics.record_failures += 1
+            log.error("call_record_failed", error=str(exc))

@@ -1,0 +1,233 @@
+"""`ledger` subcommands of the ledger package: db upgrade, verify, events tail, spool replay, redact."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import msgspec
+
+from usage_ledger.ledger.append import append_events, translate_db_error
+from usage_ledger.ledger.blobs import blob_redacted_at, redact_blob
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.errors import BlobNotFound, ConfigError, LedgerError
+from usage_ledger.ledger.events import BlobRedacted, new_event
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.migrate import require_head, upgrade_database
+from usage_ledger.ledger.read import follow_events, iter_events
+from usage_ledger.ledger.settings import Settings, load_settings
+from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.writer import replay_spool
+
+__all__ = ("add_db_option", "open_checked", "register", "run_command", "settings_from_args")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
+
+
+def settings_from_args(args: argparse.Namespace, *names: str) -> Settings:
+    """Settings from the environment, overridden by the flags named (None = flag not given)."""
+    overrides = {name: getattr(args, name, None) for name in ("database_url", *names)}
+    return load_settings(os.environ, overrides)
+
+
+def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run an async command; bad usage, bad input or an unreachable database exit with code 2."""
+    try:
+        return asyncio.run(main())
+    except LedgerError as exc:
+        print(f"ledger: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    db = sub.add_parser("db", help="database schema")
+    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
+    upgrade = db_sub.add_parser("upgrade", help="migrate the schema to the newest revision")
+    add_db_option(upgrade)
+    upgrade.set_defaults(func=_db_upgrade)
+
+    verify = sub.add_parser("verify", help="recompute the hash chain; exit 0 only if intact")
+    add_db_option(verify)
+    verify.add_argument(
+        "--expect-head", metavar="POSITION:HASH", help="also require this head (an anchor kept elsewhere)"
+    )
+    verify.add_argument("--format", choices=("text", "json"), default="text")
+    verify.set_defaults(func=_verify)
+
+    events = sub.add_parser("events", help="read raw events")
+    events_sub = events.add_subparsers(dest="events_command", metavar="ACTION", required=True)
+    tail = events_sub.add_parser("tail", help="print events as JSON lines")
+    add_db_option(tail)
+    tail.add_argument("--after", type=int, default=None, help="start after this position (default: the last 20)")
+    tail.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
+    tail.set_defaults(func=_events_tail)
+
+    spool = sub.add_parser("spool", help="the local outage spool")
+    spool_sub = spool.add_subparsers(dest="spool_command", metavar="ACTION", required=True)
+    replay = spool_sub.add_parser("replay", help="append spooled events to the database, then empty the spool")
+    add_db_option(replay)
+    replay.add_argument("--spool-dir", dest="spool_dir", help="spool directory (else LEDGER_SPOOL_DIR)")
+    replay.set_defaults(func=_spool_replay)
+
+    redact = sub.add_parser("redact", help="erase a stored body (appends blob.redacted first)")
+    add_db_option(redact)
+    redact.add_argument("blob_hash", metavar="HASH")
+    redact.add_argument("--reason", required=True)
+    redact.add_argument(
+        "--force", action="store_true", help="append blob.redacted even if the hash is unknown or already redacted"
+    )
+    redact.set_defaults(func=_redact)
+
+
+async def open_checked(settings: Settings) -> Database:
+    """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
+    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    try:
+        await require_head(database)
+    except BaseException:
+        await database.dispose()
+        raise
+    return database
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args)
+        configure_logging(settings.log_level, settings.log_format)
+        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        try:
+            await upgrade_database(database)
+        finally:
+            await database.dispose()
+        print(f"ledger schema is up to date in {database.safe_url}")
+        return 0
+
+    return run_command(main)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args)
+        anchor = _parse_anchor(args.expect_head) if args.expect_head else None
+        database = await open_checked(settings)
+        try:
+            report = await verify_chain(database, expect_head=anchor)
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+        finally:
+            await database.dispose()
+        if args.format == "json":
+            sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+        elif report.ok:
+            print(f"chain intact: {report.checked} events, head {report.head_position} {report.head_hash}")
+        else:
+            print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}")
+            print(f"({report.checked} events verified before it)")
+        return 0 if report.ok else 1
+
+    return run_command(main)
+
+
+def _parse_anchor(text: str) -> tuple[int, str]:
+    position, _, digest = text.partition(":")
+    if not position.isdigit() or len(digest) != 64:
+        raise ConfigError(f"--expect-head {text!r}: expected POSITION:HASH with a 64-hex-digit hash")
+    return int(position), digest.lower()
+
+
+def _events_tail(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args)
+        database = await open_checked(settings)
+        encoder = msgspec.json.Encoder()
+        out = sys.stdout.buffer
+        try:
+            after = args.after
+            if after is None:
+                from usage_ledger.ledger.read import head_position
+
+                async with database.engine.connect() as conn:
+                    after = max(0, await head_position(conn) - 20)
+            source = follow_events(database, after) if args.follow else iter_events(database, after)
+            async for stored in source:
+                row: dict[str, Any] = msgspec.to_builtins(stored)
+                row["payload"] = msgspec.json.decode(stored.payload)
+                out.write(encoder.encode(row) + b"\n")
+                out.flush()
+        finally:
+            await database.dispose()
+        return 0
+
+    return run_command(main)
+
+
+def _spool_replay(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args, "spool_dir")
+        database = await open_checked(settings)
+        try:
+            with Spool(settings.spool_dir) as spool:
+                appended, duplicates = await replay_spool(database, spool)
+        finally:
+            await database.dispose()
+        print(f"spool replayed: {appended} events appended, {duplicates} already present")
+        return 0
+
+    return run_command(main)
+
+
+def _redact(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args)
+        digest = args.blob_hash.strip().lower()
+        if not _HEX64.fullmatch(digest):
+            raise ConfigError(
+                f"{args.blob_hash!r} is not a blob hash: expected 64 hex digits "
+                "(copy it from the body lines of `ledger show call ID`)"
+            )
+        if not args.reason.strip():
+            raise ConfigError("--reason must say why the body is erased")
+        database = await open_checked(settings)
+        try:
+            try:
+                async with database.engine.connect() as conn:
+                    redacted_at = await blob_redacted_at(conn, digest)
+            except BlobNotFound:
+                if not args.force:
+                    raise BlobNotFound(
+                        f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
+                        "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
+                    ) from None
+                redacted_at = None
+            if redacted_at is not None and not args.force:
+                print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
+                return 0
+            await append_events(
+                database, [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=f"blob-{digest}")]
+            )
+            async with database.engine.begin() as conn:
+                changed = await redact_blob(conn, digest)
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+        finally:
+            await database.dispose()
+        print(
+            f"blob {digest} redacted"
+            if changed
+            else f"blob.redacted appended (--force); blob {digest}: nothing to erase (unknown or already redacted)"
+        )
+        return 0
+
+    return run_command(main)

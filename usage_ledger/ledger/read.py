@@ -1,0 +1,108 @@
+"""Reading events in position order: pages after a position, and a follow mode."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import msgspec
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import Event, decode_event
+from usage_ledger.ledger.schema import events
+from usage_ledger.ledger.waiting import wait_up_to
+
+__all__ = ("StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
+
+
+class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    event_id: uuid.UUID
+    type: str
+    stream: str
+    occurred_at: datetime
+    recorded_at: datetime
+    payload: str
+    hash: str
+
+    def body(self) -> Event:
+        return decode_event(self.payload)
+
+
+_COLUMNS = (
+    events.c.position,
+    events.c.event_id,
+    events.c.type,
+    events.c.stream,
+    events.c.occurred_at,
+    events.c.recorded_at,
+    events.c.payload,
+    events.c.hash,
+)
+
+
+async def read_events(conn: AsyncConnection, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
+    """Up to `limit` events with position > `after`, in position order."""
+    result = await conn.execute(
+        select(*_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(limit)
+    )
+    return [
+        StoredEvent(
+            position=r[0],
+            event_id=r[1],
+            type=r[2],
+            stream=r[3],
+            occurred_at=r[4],
+            recorded_at=r[5],
+            payload=r[6],
+            hash=r[7],
+        )
+        for r in result
+    ]
+
+
+async def head_position(conn: AsyncConnection) -> int:
+    return int((await conn.execute(select(func.coalesce(func.max(events.c.position), 0)))).scalar_one())
+
+
+async def iter_events(database: Database, after: int = 0, page_size: int = 5000) -> AsyncIterator[StoredEvent]:
+    """Every event after `after`, page by page (memory stays flat however long the ledger)."""
+    while True:
+        async with database.engine.connect() as conn:
+            page = await read_events(conn, after, page_size)
+        for stored in page:
+            yield stored
+        if len(page) < page_size:
+            return
+        after = page[-1].position
+
+
+async def follow_events(
+    database: Database,
+    after: int = 0,
+    *,
+    wake: asyncio.Event | None = None,
+    poll_interval_s: float = 0.5,
+    page_size: int = 5000,
+) -> AsyncIterator[StoredEvent]:
+    """Every event after `after`, then new ones as they are committed, forever.
+
+    Wakes on `wake` (set by an in-process writer after each commit) or every `poll_interval_s`
+    (appends from other processes).
+    """
+    while True:
+        caught_up = True
+        async for stored in iter_events(database, after, page_size):
+            after = stored.position
+            caught_up = False
+            yield stored
+        if caught_up:
+            if wake is None:
+                await asyncio.sleep(poll_interval_s)
+            else:
+                await wait_up_to(wake.wait(), poll_interval_s)
+                wake.clear()

@@ -1,0 +1,307 @@
+"""A local, append-only, fsync'd spool for events the database could not take.
+
+Record layout: 4-byte big-endian length ‖ 4-byte CRC-32 of the body ‖ body (msgpack of a
+`SpoolRecord`: events and the prepared bodies they reference). A record is durable once `write`
+returns; a write that fails or comes up short (ENOSPC) is cut back to the last good record and
+raises `SpoolWriteFailed`, so nothing half-written is ever counted durable.
+
+Reading: a record cut short at the end of the file (a crash mid-write) is reported and dropped.
+A damaged region before the end (bad length, checksum or body) is skipped so valid records after
+it are still read: a record whose checksum fails is skipped by its length when a good record
+follows there; otherwise the reader resynchronises on the next header whose length and CRC check
+out. After a length running past the end, a CRC-valid header is resynchronised on only if good
+records follow from it to the end of the file; otherwise (it may be a client's body quoting a
+record) the rest of the file is damage, kept and not replayed. Damaged bytes are
+reported in `SpoolScan.damaged`, and `recover()` moves them to a side file
+(`events.spool.quarantine-<UTC timestamp>-<offset>`) for inspection.
+
+One process owns a spool directory at a time (an exclusive `flock`); replicas use their own.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import time
+import zlib
+from pathlib import Path
+
+import msgspec
+
+from usage_ledger.ledger.blobs import PreparedBlob
+from usage_ledger.ledger.errors import ConfigError, SpoolWriteFailed
+from usage_ledger.ledger.events import NewEvent
+
+__all__ = ("Spool", "SpoolDamage", "SpoolRecord", "SpoolScan")
+
+_HEADER = struct.Struct(">II")
+_MAX_RECORD = 1 << 31
+
+
+class SpoolRecord(msgspec.Struct, frozen=True):
+    events: list[NewEvent]
+    blobs: list[PreparedBlob] = []
+
+
+class SpoolDamage(msgspec.Struct, frozen=True):
+    """A damaged region before the end of the spool: `size` bytes from byte `offset`."""
+
+    offset: int
+    size: int
+    reason: str
+
+
+class SpoolScan(msgspec.Struct, frozen=True):
+    """What a scan found: good records, damaged regions, and where a torn tail starts (if any)."""
+
+    records: list[SpoolRecord]
+    torn_tail_at: int | None
+    torn_tail_bytes: int
+    damaged: list[SpoolDamage] = []
+    spans: list[tuple[int, int]] = []  # (start, end) of each good record, in file order
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(SpoolRecord)
+
+
+class Spool:
+    FILE_NAME = "events.spool"
+    QUARANTINE_PREFIX = FILE_NAME + ".quarantine-"
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / self.FILE_NAME
+        self._fd: int | None = None
+        self._retired: list[int] = []  # descriptors of files replaced by `recover`, kept locked until close
+
+    # -- ownership -------------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the directory and take ownership of the spool (ConfigError if another process has it)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot open spool {self.path}: {exc.strerror}; set LEDGER_SPOOL_DIR to a writable directory"
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            os.close(fd)
+            raise ConfigError(
+                f"spool {self.path} is in use by another process; give each gateway its own LEDGER_SPOOL_DIR"
+            ) from exc
+        self._fd = fd
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        for fd in self._retired:
+            os.close(fd)
+        self._retired = []
+
+    def __enter__(self) -> Spool:
+        self.open()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    @property
+    def size_bytes(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def quarantined(self) -> list[Path]:
+        """Side files holding damaged regions that nobody has moved away yet."""
+        try:
+            return sorted(p for p in self.directory.iterdir() if p.name.startswith(self.QUARANTINE_PREFIX))
+        except FileNotFoundError:
+            return []
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, record: SpoolRecord) -> None:
+        """Append one record and fsync: when this returns, the record survives a crash.
+
+        A failed or short write (ENOSPC, EIO) is cut back to where the record started, and raises
+        `SpoolWriteFailed`: the record is not durable, and the spool still ends on a good record.
+        """
+        fd = self._require_fd()
+        body = _encoder.encode(record)
+        data = memoryview(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+        start = os.fstat(fd).st_size  # O_APPEND and one owner: the record lands here
+        try:
+            while data:
+                written = os.write(fd, data)
+                if written <= 0:  # no progress: treat like the ENOSPC a retry would raise
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                data = data[written:]
+            os.fsync(fd)
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, start)
+                os.fsync(fd)
+            except OSError as cut_exc:
+                raise SpoolWriteFailed(
+                    f"spool {self.path}: write failed ({exc.strerror}) and cutting it back to byte {start} failed "
+                    f"too ({cut_exc.strerror}); the next start quarantines the torn record"
+                ) from exc
+            raise SpoolWriteFailed(
+                f"spool {self.path}: write failed ({exc.strerror}); the record was not kept. Free space in "
+                f"{self.directory} or point LEDGER_SPOOL_DIR elsewhere"
+            ) from exc
+
+    def clear(self) -> None:
+        """Empty the spool after its records were committed to the database."""
+        fd = self._require_fd()
+        os.ftruncate(fd, 0)
+        os.fsync(fd)
+
+    def cut_torn_tail(self, offset: int) -> None:
+        fd = self._require_fd()
+        os.ftruncate(fd, offset)
+        os.fsync(fd)
+
+    def recover(self) -> SpoolScan:
+        """Scan; move damaged regions to quarantine files and keep only the good records.
+
+        Order matters for crash safety: the quarantine files are fsync'd first, then the good
+        records are written to a new file that atomically replaces the spool. A torn tail is cut.
+        """
+        fd = self._require_fd()
+        data = self.path.read_bytes()
+        scan = _scan(data)
+        if scan.damaged:
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+            for damage in scan.damaged:
+                side = self.directory / f"{self.QUARANTINE_PREFIX}{stamp}-{damage.offset}"
+                _write_file(side, data[damage.offset : damage.offset + damage.size])
+            tmp = self.directory / (self.FILE_NAME + ".recovering")
+            tmp.unlink(missing_ok=True)
+            new_fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            try:
+                fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # locked before anyone can see it
+                good = b"".join(data[start:end] for start, end in scan.spans)
+                _write_all(new_fd, good)
+                os.fsync(new_fd)
+                os.replace(tmp, self.path)
+                _fsync_dir(self.directory)
+            except BaseException:
+                os.close(new_fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            self._retired.append(fd)  # still locked: a process that opened the old file cannot take over
+            self._fd = new_fd
+        elif scan.torn_tail_at is not None:
+            self.cut_torn_tail(scan.torn_tail_at)
+        return scan
+
+    # -- reading -----------------------------------------------------------------------------
+    def scan(self) -> SpoolScan:
+        """Read every good record; a torn tail and damaged regions are reported in the result, not raised."""
+        return _scan(self.path.read_bytes() if self.path.exists() else b"")
+
+    def _require_fd(self) -> int:
+        if self._fd is None:
+            raise RuntimeError("spool not opened")
+        return self._fd
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view = view[written:]
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        _write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _check(data: bytes, offset: int) -> tuple[int, str | None]:
+    """At `offset`: (record end, None) for a header whose length and CRC check out, else (-1, reason).
+
+    The reason "torn" means the record runs past the end of the data.
+    """
+    end = len(data)
+    if end - offset < _HEADER.size:
+        return -1, "torn"
+    length, crc = _HEADER.unpack_from(data, offset)
+    start = offset + _HEADER.size
+    if length > _MAX_RECORD:
+        return -1, f"has an impossible length {length}"
+    if start + length > end:
+        return -1, "torn"
+    if zlib.crc32(data[start : start + length]) != crc:
+        return -1, "fails its checksum"
+    return start + length, None
+
+
+def _clean_to_end(data: bytes, offset: int) -> bool:
+    """Whether good records follow one another from `offset` to exactly the end of the data."""
+    while offset < len(data):
+        offset, reason = _check(data, offset)
+        if reason is not None:
+            return False
+    return True
+
+
+def _scan(data: bytes) -> SpoolScan:
+    records: list[SpoolRecord] = []
+    spans: list[tuple[int, int]] = []
+    damaged: list[SpoolDamage] = []
+    offset = 0
+    end = len(data)
+    while offset < end:
+        record_end, reason = _check(data, offset)
+        if reason is None:
+            try:
+                records.append(_decoder.decode(data[offset + _HEADER.size : record_end]))
+                spans.append((offset, record_end))
+            except msgspec.DecodeError as exc:
+                damaged.append(SpoolDamage(offset=offset, size=record_end - offset, reason=f"does not decode: {exc}"))
+            offset = record_end
+            continue
+        if reason == "fails its checksum":  # the length is plausible: trust it before scanning inside the body
+            claimed_end = offset + _HEADER.size + _HEADER.unpack_from(data, offset)[0]
+            if claimed_end == end:  # the last record: a torn write
+                return SpoolScan(records, offset, end - offset, damaged, spans)
+            if _check(data, claimed_end)[1] is None:
+                damaged.append(SpoolDamage(offset=offset, size=claimed_end - offset, reason=reason))
+                offset = claimed_end
+                continue
+        # resynchronise: the next offset where a header's length and CRC check out
+        following = next((p for p in range(offset + 1, end - _HEADER.size + 1) if _check(data, p)[1] is None), None)
+        if following is None:  # nothing valid after it: a torn tail (a crash mid-write), dropped
+            return SpoolScan(records, offset, end - offset, damaged, spans)
+        if reason == "torn":
+            reason = "has a length running past the end of the file"
+            if not _clean_to_end(data, following):
+                # What a crash mid-write leaves; a CRC-valid header inside it that does not lead to
+                # the end may be a client's body quoting a record: keep it all, replay none of it.
+                damaged.append(SpoolDamage(offset=offset, size=end - offset, reason=reason + " (kept, not replayed)"))
+                return SpoolScan(records, None, 0, damaged, spans)
+        damaged.append(SpoolDamage(offset=offset, size=following - offset, reason=reason))
+        offset = following
+    return SpoolScan(records, None, 0, damaged, spans)

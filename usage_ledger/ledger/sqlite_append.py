@@ -1,0 +1,327 @@
+"""SQLite appends on a dedicated thread, one round trip per batch.
+
+Through aiosqlite every statement is a hop to its thread and back through the event loop; a busy
+gateway loop then stretched one append into many loop turns. Here the whole transaction — blobs,
+tail, inserts, commit — runs in one call on the appender's own thread with the
+standard `sqlite3` module (which releases the GIL while SQLite works). Other writers that share
+the ledger's write lock run their transactions the same way (`transaction`).
+
+Checkpoints (copying the WAL back into the database file) run on a second thread with its own
+connection, `PASSIVE` so they never block an append: inline, SQLite's automatic checkpoint ran
+inside the COMMIT that crossed its threshold (≈ 1,000 pages) and stalled that batch and every
+producer waiting on it. The appender still checkpoints inline if the background falls
+`_BACKSTOP_PAGES` behind. Durability is unchanged: every COMMIT syncs the WAL as before.
+
+The write lock is polled for every `_LOCK_POLL_S` rather than left to SQLite's busy handler,
+which sleeps 1, 2, 5, 10, 15 ms... between tries: behind another writer (the projection follower)
+holding the lock for 2 ms, an append waited 3 or 8 ms, and strict-mode responses with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from datetime import datetime
+from typing import Any, TypeVar, cast
+
+from usage_ledger.ledger._rows import EVENT_COLUMNS, build_rows
+from usage_ledger.ledger.blobs import PreparedBlob
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.events import NewEvent
+from usage_ledger.ledger.schema import sqlite_time
+
+__all__ = ("SqliteAppender", "SqliteWrite")
+
+T = TypeVar("T")
+SqliteWrite = Callable[[sqlite3.Connection], object]
+"""Statements to run inside a writer transaction on a plain `sqlite3` connection (`SqliteAppender.transaction`)."""
+
+_INSERT_EVENTS = (
+    f"INSERT INTO ledger_events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
+)
+_INSERT_BLOBS = (
+    "INSERT INTO ledger_blobs (hash, size, codec, stored_size, content, created_at) VALUES (?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (hash) DO NOTHING"
+)
+# What a batch writes to the WAL, roughly: its payloads and bodies, plus index pages per event and
+# per commit; a background checkpoint is asked for every `_CHECKPOINT_BYTES` of that.
+_CHECKPOINT_BYTES = 4 << 20  # about SQLite's own threshold (1,000 pages of 4 KiB)
+_ROW_OVERHEAD = 1024
+_COMMIT_OVERHEAD = 16 << 10
+_BACKSTOP_PAGES = 10_000
+_CACHE_KIB = -65536  # negative: KiB, as SQLite's PRAGMA cache_size takes it
+_LOCK_POLL_S = 0.0002
+_LOCK_TIMEOUT_S = 30.0
+
+
+_Job = tuple[
+    Callable[..., Any], tuple[Any, ...], "asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | Future[Any]"
+]
+
+
+class _ThreadConnection:
+    """One `sqlite3` connection, opened lazily and used only on this object's own thread.
+
+    Work reaches the thread through a plain queue and its result comes back to the event loop with
+    one `call_soon_threadsafe`. `run_in_executor` on a `ThreadPoolExecutor` chained a
+    `concurrent.futures.Future` to an asyncio one through a condition variable and callbacks on
+    both sides: ≈ 8% of the gateway's CPU per non-stream call, which appends twice (an estimate
+    from a throwaway driver, not a project command: docs/BENCHMARKS.md, Gateway, fifth session).
+    """
+
+    def __init__(self, path: str, synchronous: str, thread_name: str) -> None:
+        self.path = path
+        self.synchronous = synchronous
+        self._conn: sqlite3.Connection | None = None
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        # a daemon: a database never disposed must not keep the interpreter from exiting
+        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
+        self._thread.start()
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the thread. Cancelling the caller does not stop the work, queued or started:
+        an append the caller gave up on may still commit, as one already running always could."""
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._jobs.put((fn, args, loop, future))
+        return await future
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` on the thread, from any thread (no event loop needed)."""
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name} is closed")
+        future: Future[T] = Future()
+        self._jobs.put((fn, args, None, future))
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args, loop, future = job
+            if loop is None and not cast("Future[Any]", future).set_running_or_notify_cancel():
+                continue  # a `_submit` future cancelled while queued: skipped, as an executor would
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # handed to the caller, as an executor would
+                result, error = None, exc
+            if loop is None:
+                _settle(cast("Future[Any]", future), result, error)
+            else:
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+                    loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _stop(self) -> None:
+        """Close the connection on its thread, then end the thread."""
+        if self._closed:
+            return
+        self._submit(self._reset).result()
+        self._closed = True
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _reset(self) -> None:
+        """Forget the connection (on its thread); the next use reconnects."""
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            finally:
+                self._conn = None
+
+
+def _settle(future: asyncio.Future[Any] | Future[Any], result: Any, error: BaseException | None) -> None:
+    """Give `future` its outcome unless its caller already gave up on it (cancelled)."""
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+class _Checkpointer(_ThreadConnection):
+    """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own thread; requests coalesce."""
+
+    def __init__(self, path: str, synchronous: str) -> None:
+        super().__init__(path, synchronous, "ledger-sqlite-checkpoint")
+        self._lock = threading.Lock()
+        self._queued = False
+        self.completed = 0  # checkpoints run (for tests and diagnostics)
+
+    def request(self) -> None:
+        with self._lock:
+            if self._queued:
+                return
+            self._queued = True
+        self._submit(self._checkpoint)
+
+    def close(self) -> None:
+        self._stop()
+
+    def _checkpoint(self) -> None:
+        with self._lock:
+            self._queued = False
+        try:
+            if self._conn is None:
+                self._conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+                self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            self.completed += 1
+        except sqlite3.Error:
+            self._reset()  # the appender's backstop checkpoints inline meanwhile; reconnect on the next request
+
+
+class SqliteAppender(_ThreadConnection):
+    """Owns one `sqlite3` connection on one thread; `append` runs a whole batch there."""
+
+    def __init__(self, path: str, synchronous: str = "FULL") -> None:
+        super().__init__(path, synchronous, "ledger-sqlite-append")
+        self._checkpointer = _Checkpointer(path, synchronous) if path not in ("", ":memory:") else None
+        self._unchecked_bytes = 0  # estimated WAL bytes written since the last checkpoint request
+
+    async def append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        """(appended, duplicates, last position); raises DatabaseUnavailable / LedgerError."""
+        return await self._call(self._append, batch, blobs, recorded_at)
+
+    async def transaction(self, work: Callable[[sqlite3.Connection], T], *, durable: bool = True) -> T:
+        """Run `work(conn)` in one write transaction on the appender's thread: one round trip.
+
+        For other writers that share the ledger's write lock (the projection follower): through
+        aiosqlite each statement was a hop to its thread and back, and a follower's few statements
+        held the lock 3-6 ms, which strict-mode appends waited out. Errors as in `append`; an
+        exception from `work` rolls back and propagates as it is.
+
+        `durable=False`: the COMMIT does not wait for the disk (`synchronous=NORMAL`), so the lock is
+        not held through an fsync, for data that can be derived again (read models and their
+        checkpoints). Still atomic; a power loss may undo the latest such commits, never a later
+        durable one (the WAL is synced in order).
+        """
+        return await self._call(self._transaction, work, "write", durable)
+
+    def close(self) -> None:
+        self._stop()
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+
+    # -- on the appender thread ---------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            # no busy handler: `_begin` polls for the write lock, the one lock an append waits for
+            # (in WAL mode, once it is held, nothing else in the transaction waits on other connections)
+            conn.execute("PRAGMA busy_timeout=0")
+            # up to 64 MiB of pages (default 2 MiB): the id and stream indexes take random inserts,
+            # and with the default cache each batch re-read their pages that the appended rows evicted
+            conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
+            if self._checkpointer is not None:
+                conn.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
+            self._conn = conn
+        return self._conn
+
+    def _append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        rows, last = self._transaction(lambda conn: self._insert(conn, batch, blobs, recorded_at), "append")
+        if self._checkpointer is not None:
+            self._unchecked_bytes += (
+                _COMMIT_OVERHEAD
+                + sum(len(cast(str, row[6])) for row in rows)
+                + _ROW_OVERHEAD * len(rows)
+                + sum(len(blob.content) for blob in blobs)
+            )
+            if self._unchecked_bytes >= _CHECKPOINT_BYTES:
+                self._unchecked_bytes = 0
+                self._checkpointer.request()
+        return len(rows), len(batch) - len(rows), last
+
+    def _insert(
+        self, conn: sqlite3.Connection, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[list[tuple[object, ...]], int]:
+        """The batch's blobs and events, chained onto the tail (inside the write transaction)."""
+        if blobs:
+            created = sqlite_time(recorded_at)
+            conn.executemany(
+                _INSERT_BLOBS, [(b.hash, b.size, b.codec, len(b.content), b.content, created) for b in blobs]
+            )
+        tail = conn.execute("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1").fetchone()
+        position, previous = (int(tail[0]), bytes.fromhex(tail[1])) if tail else (0, bytes(32))
+        # Optimistic: insert as if no event id were stored yet (the unique index checks each one
+        # anyway); only when one is — a spool replay, a re-import — look them up and redo.
+        rows, last = build_rows(batch, set(), position, previous, recorded_at, sqlite=True)
+        if rows:
+            conn.execute("SAVEPOINT ledger_events_insert")
+            try:
+                conn.executemany(_INSERT_EVENTS, rows)
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO ledger_events_insert")
+                existing = self._existing(conn, [e.event_id for e in batch])
+                rows, last = build_rows(batch, existing, position, previous, recorded_at, sqlite=True)
+                if rows:
+                    conn.executemany(_INSERT_EVENTS, rows)
+            conn.execute("RELEASE ledger_events_insert")
+        return rows, last
+
+    def _transaction(self, work: Callable[[sqlite3.Connection], T], what: str = "write", durable: bool = True) -> T:
+        """BEGIN IMMEDIATE (polled), `work`, COMMIT; ROLLBACK and the ledger's errors on failure."""
+        try:
+            conn = self._connection()
+            if not durable:
+                conn.execute("PRAGMA synchronous=NORMAL")  # outside a transaction: it cannot change inside one
+            _begin(conn)
+        except sqlite3.Error as exc:
+            self._reset()
+            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        try:
+            result = work(conn)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._reset()
+            if isinstance(exc, sqlite3.OperationalError):
+                raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise LedgerError(f"{what} to SQLite ledger {self.path} failed: {exc}") from exc
+            raise
+        finally:
+            if not durable and self._conn is not None:
+                try:
+                    self._conn.execute(f"PRAGMA synchronous={self.synchronous}")
+                except sqlite3.Error:
+                    self._reset()  # the next use reconnects with the ledger's setting
+        return result
+
+    def _existing(self, conn: sqlite3.Connection, ids: list[uuid.UUID]) -> set[uuid.UUID]:
+        found: set[uuid.UUID] = set()
+        for start in range(0, len(ids), 500):
+            chunk = [i.hex for i in ids[start : start + 500]]
+            marks = ", ".join("?" * len(chunk))
+            cursor = conn.execute(f"SELECT event_id FROM ledger_events WHERE event_id IN ({marks})", chunk)
+            found.update(uuid.UUID(row[0]) for row in cursor)
+        return found
+
+
+def _begin(conn: sqlite3.Connection) -> None:
+    """BEGIN IMMEDIATE, trying again every `_LOCK_POLL_S` while another connection writes."""
+    deadline = time.monotonic() + _LOCK_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(_LOCK_POLL_S)

@@ -1,0 +1,202 @@
+"""Per-run accumulation, shared by the runs and tickers reports.
+
+Tagged runs are aggregated in SQL (GROUP BY run). Untagged calls are streamed in start order and
+cut into runs wherever the idle gap (start - latest end so far) exceeds `run_gap_s`; each such run
+is named `auto-<first start, UTC, ISO seconds>`. Memory holds one accumulator per run.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Integer, and_, case, cast, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+
+from usage_ledger.projections.calls import FAILED_STATUSES
+from usage_ledger.projections.formulas import RunStats
+from usage_ledger.projections.tables import calls
+
+__all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
+
+AUTO_PREFIX = "auto-"
+
+
+class RunAcc:
+    __slots__ = (
+        "calls",
+        "failed",
+        "first_start",
+        "incomplete",
+        "input",
+        "last_end",
+        "last_start",
+        "models",
+        "output",
+        "rate_calls",
+        "rate_sum",
+        "tickers",
+    )
+
+    def __init__(self) -> None:
+        self.calls = self.failed = self.incomplete = self.input = self.output = self.rate_calls = 0
+        self.rate_sum = 0.0
+        self.first_start: datetime | None = None
+        self.last_start: datetime | None = None
+        self.last_end: datetime | None = None
+        self.models: dict[str | None, int] = {}
+        self.tickers: dict[str, list[int]] = {}
+
+    def stats(self) -> RunStats:
+        return RunStats(
+            calls=self.calls,
+            output_tokens=self.output,
+            input_tokens=self.input,
+            first_start=self.first_start,
+            last_end=self.last_end,
+            rate_sum=self.rate_sum,
+            rate_calls=self.rate_calls,
+        )
+
+    def model(self) -> str | None:
+        named = [(n, m) for m, n in self.models.items() if m is not None]
+        if not named:
+            return None
+        best = max(n for n, _ in named)
+        return min(m for n, m in named if n == best)
+
+
+def _int_sum(column: Any) -> Any:
+    return cast(func.coalesce(func.sum(column), 0), BigInteger)
+
+
+def _rate() -> Any:
+    return case(
+        (and_(calls.c.status == "ok", calls.c.elapsed_s > 0), calls.c.output_tokens / calls.c.elapsed_s), else_=None
+    )
+
+
+async def _tagged(conn: AsyncConnection, version: int, run: str | None) -> dict[str, RunAcc]:
+    where: list[ColumnElement[bool]] = [calls.c.version == version, calls.c.run.is_not(None)]
+    if run is not None:
+        where.append(calls.c.run == run)
+    failed = _int_sum(case((calls.c.status.in_(FAILED_STATUSES), 1), else_=0))
+    incomplete = _int_sum(case((calls.c.status == "incomplete", 1), else_=0))
+    query = (
+        select(
+            calls.c.run,
+            func.count(),
+            failed,
+            incomplete,
+            _int_sum(calls.c.input_tokens),
+            _int_sum(calls.c.output_tokens),
+            func.min(calls.c.started_at),
+            func.max(calls.c.started_at),
+            func.max(calls.c.ended_at),
+            func.sum(_rate()),
+            cast(func.count(_rate()), Integer),
+        )
+        .where(*where)
+        .group_by(calls.c.run)
+    )
+    runs: dict[str, RunAcc] = {}
+    for r in await conn.execute(query):
+        acc = runs[r[0]] = RunAcc()
+        acc.calls, acc.failed, acc.incomplete, acc.input, acc.output = (int(r[i]) for i in range(1, 6))
+        acc.first_start, acc.last_start, acc.last_end = r[6], r[7], r[8]
+        acc.rate_sum, acc.rate_calls = float(r[9] or 0.0), int(r[10])
+    if not runs:
+        return runs
+    models = select(calls.c.run, calls.c.model, func.count()).where(*where).group_by(calls.c.run, calls.c.model)
+    for r in await conn.execute(models):
+        runs[r[0]].models[r[1]] = int(r[2])
+    tickers = (
+        select(
+            calls.c.run,
+            calls.c.ticker,
+            func.count(),
+            _int_sum(calls.c.input_tokens),
+            _int_sum(calls.c.output_tokens),
+        )
+        .where(*where, calls.c.ticker.is_not(None))
+        .group_by(calls.c.run, calls.c.ticker)
+    )
+    for r in await conn.execute(tickers):
+        runs[r[0]].tickers[r[1]] = [int(r[2]), int(r[3]), int(r[4])]
+    return runs
+
+
+def auto_name(first_start: datetime) -> str:
+    return AUTO_PREFIX + first_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float) -> dict[str, RunAcc]:
+    c = calls.c
+    query = (
+        select(c.started_at, c.ended_at, c.status, c.input_tokens, c.output_tokens, c.elapsed_s, c.ticker, c.model)
+        .where(c.version == version, c.run.is_(None))
+        .order_by(c.started_at, c.call_id)
+    )
+    runs: dict[str, RunAcc] = {}
+    acc: RunAcc | None = None
+    horizon: datetime | None = None
+    result = await conn.stream(query)
+    async for part in result.partitions(5000):
+        for started, ended, status, tin, tout, elapsed, ticker, model in part:
+            if acc is None or horizon is None or (started - horizon).total_seconds() > run_gap_s:
+                name = auto_name(started)
+                while name in runs:
+                    name += "+"
+                acc = runs[name] = RunAcc()
+                acc.first_start = started
+                horizon = started
+            acc.calls += 1
+            acc.input += tin
+            acc.output += tout
+            acc.last_start = started
+            end = ended or started
+            horizon = max(horizon, end)
+            if ended is not None and (acc.last_end is None or ended > acc.last_end):
+                acc.last_end = ended
+            if status in FAILED_STATUSES:
+                acc.failed += 1
+            elif status == "incomplete":
+                acc.incomplete += 1
+            elif status == "ok" and elapsed and elapsed > 0:
+                acc.rate_sum += tout / elapsed
+                acc.rate_calls += 1
+            acc.models[model] = acc.models.get(model, 0) + 1
+            if ticker is not None:
+                t = acc.tickers.setdefault(ticker, [0, 0, 0])
+                t[0] += 1
+                t[1] += tin
+                t[2] += tout
+    return runs
+
+
+async def collect_runs(
+    conn: AsyncConnection, version: int, *, run: str | None = None, run_gap_s: float = 900.0
+) -> dict[str, RunAcc]:
+    """Accumulators of every run (or just `run`), tagged and gap-grouped."""
+    runs = await _tagged(conn, version, run)
+    if run is None or (not runs and run.startswith(AUTO_PREFIX)):
+        auto = await _untagged(conn, version, run_gap_s)
+        if run is not None:
+            auto = {name: acc for name, acc in auto.items() if name == run}
+        runs.update(auto)
+    return runs
+
+
+async def run_filter(conn: AsyncConnection, version: int, run: str, run_gap_s: float) -> ColumnElement[bool] | None:
+    """A WHERE clause selecting the calls of `run` (tagged or `auto-…`), or None if there is no such run."""
+    runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+    acc = runs.get(run)
+    if acc is None:
+        return None
+    if not run.startswith(AUTO_PREFIX) or acc.first_start is None or acc.last_start is None:
+        return calls.c.run == run
+    tagged = (await conn.execute(select(func.count()).where(calls.c.version == version, calls.c.run == run))).scalar()
+    if tagged:
+        return calls.c.run == run
+    return and_(calls.c.run.is_(None), calls.c.started_at >= acc.first_start, calls.c.started_at <= acc.last_start)

@@ -1,0 +1,413 @@
+"""The work behind the projections subcommands (each returns an exit code via `run_command`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn, TimeRemainingColumn
+from rich.text import Text
+
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
+from usage_ledger.ledger.heap import freeze_startup_heap
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.projections._output import print_rows
+from usage_ledger.projections.callviews import get_call
+from usage_ledger.projections.engine import (
+    PROJECTIONS,
+    catch_up_all,
+    follow_projections,
+    projection_status,
+    rebuild_projection,
+    set_formula,
+)
+from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
+from usage_ledger.projections.export import export_calls, show_call, show_run
+from usage_ledger.projections.importer import import_file
+from usage_ledger.projections.reports import (
+    daily_report,
+    parse_zone,
+    recompute_report,
+    runs_report,
+    tickers_report,
+    weekday_mean,
+)
+
+__all__ = (
+    "annotate_command",
+    "export_command",
+    "import_command",
+    "projections_run_command",
+    "projections_status_command",
+    "rebuild_command",
+    "recompute_command",
+    "report_command",
+    "retag_command",
+    "show_call_command",
+    "show_run_command",
+)
+
+_encoder = msgspec.json.Encoder()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = settings_from_args(args, "tz", "run_gap_s")
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
+
+
+class _Count(ProgressColumn):
+    """`done/total unit`, or `done unit` while the total is unknown (rich's format spec fails on None)."""
+
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        total = "" if task.total is None else f"/{task.total:,.0f}"
+        return Text(f"{task.completed:,.0f}{total} {self.unit}")
+
+
+class _Rate(ProgressColumn):
+    def __init__(self, unit: str) -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text(f"{speed:,.0f} {self.unit}/s" if speed else "")
+
+
+def _progress(unit: str) -> Progress:
+    console = Console(stderr=True)
+    return Progress(
+        TextColumn("{task.description}", markup=False),  # a file name is not markup
+        BarColumn(),
+        _Count(unit),
+        _Rate(unit),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def _advance(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
+    def update(done: int, total: int) -> None:
+        bar.update(task, completed=done, total=total)
+
+    return update
+
+
+def _stage(bar: Progress, task: TaskID, what: str) -> Callable[[str], None]:
+    def update(text: str) -> None:
+        bar.update(task, description=f"{what}: {text}", refresh=True)  # a step can outlast many refreshes
+
+    return update
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value:
+            raise ConfigError(f"{flag} {item!r}: expected NAME=VALUE")
+        out[name.strip().lower()] = value
+    return out
+
+
+def _when(text: str, flag: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected ISO 8601 with an offset, e.g. 2026-03-01T00:00+09:00") from None
+    if value.tzinfo is None:
+        raise ConfigError(f"{flag} {text!r}: add a UTC offset (Z or +09:00)")
+    return value
+
+
+def import_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        failed = False
+        try:
+            for name in args.files:
+                with _progress("bytes") as bar:
+                    task = bar.add_task(f"import {name}", total=None)
+                    try:
+                        result = await import_file(
+                            database,
+                            name,
+                            fmt=args.input_format,
+                            source=args.source,
+                            skip_invalid=args.skip_invalid,
+                            progress=_advance(bar, task),
+                        )
+                    except ImportFailed as exc:
+                        print(f"ledger: error: {name}: {exc}", file=sys.stderr)
+                        failed = True
+                        continue
+                for line in result.errors[:20]:
+                    print(f"skipped {line}", file=sys.stderr)
+                print(
+                    f"{name}: {result.rows} rows, {result.appended} calls imported, "
+                    f"{result.duplicates} already present, {result.invalid} invalid skipped"
+                )
+        finally:
+            await database.dispose()
+        return 2 if failed else 0
+
+    return run_command(main)
+
+
+def report_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        zone = parse_zone(settings.tz)
+        database = await open_checked(settings)
+        try:
+            if args.kind == "runs":
+                rows: list[msgspec.Struct] = list(
+                    await runs_report(database, formula=args.formula, run=args.run, run_gap_s=settings.run_gap_s)
+                )
+            elif args.kind == "tickers":
+                rows = list(await tickers_report(database, run=args.run, run_gap_s=settings.run_gap_s))
+            else:
+                days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=settings.run_gap_s)
+                rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
+        finally:
+            await database.dispose()
+        title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
+        print_rows(rows, args.output_format, title=title, zone=zone)
+        return 0
+
+    return run_command(main)
+
+
+def rebuild_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        names = args.names or sorted(PROJECTIONS)
+        for name in names:
+            if name not in PROJECTIONS:
+                raise ProjectionError(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}")
+        database = await open_checked(settings)
+        try:
+            for name in names:
+                with _progress("events") as bar:
+                    task = bar.add_task(f"rebuild {name}", total=None)
+                    promoted = await rebuild_projection(
+                        database,
+                        name,
+                        formula=args.formula if name == "calls" else None,
+                        keep_old=args.keep_old,
+                        progress=_advance(bar, task),
+                        stage=_stage(bar, task, f"rebuild {name}"),
+                    )
+                print(
+                    f"{name}: version {promoted.version} promoted at position {promoted.head_position} "
+                    f"(formula {promoted.formula}, digest {promoted.digest})"
+                )
+        finally:
+            await database.dispose()
+        return 0
+
+    return run_command(main)
+
+
+def projections_run_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            if args.follow:
+                freeze_startup_heap()
+                await follow_projections(database, asyncio.Event())
+            checkpoints = await catch_up_all(database)
+        finally:
+            await database.dispose()
+        for name, position in sorted(checkpoints.items()):
+            print(f"{name}: caught up to position {position}")
+        return 0
+
+    return run_command(main)
+
+
+def projections_status_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            rows = await projection_status(database)
+        finally:
+            await database.dispose()
+        print_rows(rows, args.output_format, title="projections")
+        return 0
+
+    return run_command(main)
+
+
+def recompute_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            rows = await recompute_report(database, args.formula, run_gap_s=settings.run_gap_s)
+            promoted = await set_formula(database, args.formula) if args.promote else None
+        finally:
+            await database.dispose()
+        print_rows(rows, args.output_format, title=f"recompute with {args.formula}")
+        if promoted is not None:
+            print(f"default formula is now {promoted.formula} (calls version {promoted.version})", file=sys.stderr)
+        return 0
+
+    return run_command(main)
+
+
+def annotate_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        labels = _pairs(args.label, "--label")
+        for key in ("hardware", "model", "kind"):
+            if getattr(args, key):
+                labels[key] = getattr(args, key)
+        if not labels:
+            raise ConfigError("nothing to annotate: give --hardware, --model, --kind or --label NAME=VALUE")
+        start = _when(args.start, "--from") if args.start else None
+        end = _when(args.end, "--to") if args.end else None
+        if args.end and args.run:
+            raise ConfigError("--to goes with --from, not with --run")
+        body = RunAnnotated(labels=labels, run=args.run, start=start, end=end)
+        stream = f"run-{args.run}" if args.run else "run-range"
+        database = await open_checked(settings)
+        try:
+            if args.run and not args.force:
+                await _require_run(database, args.run, settings.run_gap_s)
+            result = await append_events(database, [new_event(body, stream=stream)])
+        finally:
+            await database.dispose()
+        print(f"run.annotated appended at position {result.last_position}")
+        return 0
+
+    return run_command(main)
+
+
+async def _require_run(database: Database, run: str, run_gap_s: float) -> None:
+    """Refuse a run no call carries (a typo would otherwise append a permanent, dangling label)."""
+    try:
+        await runs_report(database, run=run, run_gap_s=run_gap_s)
+    except NotFound:
+        raise NotFound(
+            f"--run {run!r}: no call in the ledger carries that run, nothing appended; check the name with "
+            "`ledger report runs` (an X-Ledger-Run value, an import's run, or an auto-… name), "
+            "or pass --force to label it anyway"
+        ) from None
+
+
+def retag_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        tags = _pairs(args.tag, "--tag")
+        if args.run is None and not tags and not args.remove_tag:
+            raise ConfigError("nothing to change: give --run, --tag NAME=VALUE or --remove-tag NAME")
+        if not args.reason.strip():
+            raise ConfigError("--reason must say why the call is retagged")
+        database = await open_checked(settings)
+        try:
+            await get_call(database, args.call_id)
+            body = CallRetagged(
+                call_id=args.call_id, reason=args.reason, run=args.run, tags=tags, removed_tags=args.remove_tag
+            )
+            result = await append_events(database, [new_event(body, stream=f"call-{args.call_id}")])
+        finally:
+            await database.dispose()
+        print(f"call.retagged appended at position {result.last_position}")
+        return 0
+
+    return run_command(main)
+
+
+async def _export(database: Database, **kwargs: Any) -> int:
+    try:
+        return await export_calls(database, **kwargs)
+    except BrokenPipeError:  # `ledger export | head`: the reader has what it wanted
+        sys.stderr.close()
+        return -1
+
+
+def export_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            count = await _export(
+                database,
+                fmt=args.output_format,
+                run=args.run,
+                output=args.output,
+                stdout=sys.stdout.buffer,
+                run_gap_s=settings.run_gap_s,
+            )
+        finally:
+            await database.dispose()
+        if args.output:
+            print(f"{count} calls written to {args.output}", file=sys.stderr)
+        return 0
+
+    return run_command(main)
+
+
+def show_call_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
+            return 0
+        zone = ZoneInfo(settings.tz)
+        print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone)
+        for event in detail.events:
+            print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
+        for label, body in (("request", detail.request), ("response", detail.response)):
+            if body is not None:
+                print(f"--- {label} body ({body.blob}) ---")
+                print(body.text if body.text is not None else f"[{body.error}]")
+        return 0
+
+    return run_command(main)
+
+
+def show_run_command(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = _settings(args)
+        database = await open_checked(settings)
+        try:
+            detail = await show_run(database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s)
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
+            return 0
+        zone = parse_zone(settings.tz)
+        print_rows([detail.run], "table", title=f"run {args.run}", zone=zone)
+        print_rows(detail.tickers, "table", title="tickers")
+        return 0
+
+    return run_command(main)

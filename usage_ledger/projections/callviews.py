@@ -1,0 +1,149 @@
+"""Calls as views: one call, a page of calls, or every call in start order (for export).
+
+`in_flight` = how many calls were running when this call started, itself included: calls whose
+start is not later than its start and whose end is later than its start. Calls that never
+finished count only for themselves. Export computes it with a sweep (a heap of end times, memory
+bounded by the concurrency); single calls and pages count in SQL.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections._aggregate import run_filter
+from usage_ledger.projections.calls import decode_rate_note
+from usage_ledger.projections.errors import NotFound
+from usage_ledger.projections.reports import live_versions
+from usage_ledger.projections.rows import CallsPage, CallView
+from usage_ledger.projections.tables import calls
+
+__all__ = ("calls_page", "get_call", "iter_calls")
+
+_tags = msgspec.json.Decoder(dict[str, str])
+_VIEW_COLUMNS = [c for c in calls.columns if c.name not in ("version", "last_position")]
+
+
+def _view(row: Any, in_flight: int) -> CallView:
+    fields = {k: row[k] for k in CallView.__struct_fields__ if k in row and k != "tags"}
+    note = decode_rate_note(row["decode_tps"], row["output_tokens"], row["first_token_at"], row["last_token_at"])
+    return CallView(**fields, tags=_tags.decode(row["tags"]), in_flight=in_flight, decode_tps_note=note)
+
+
+async def _in_flight(conn: AsyncConnection, version: int, row: Any) -> int:
+    started: datetime = row["started_at"]
+    others = (
+        await conn.execute(
+            select(func.count()).where(
+                calls.c.version == version,
+                calls.c.started_at <= started,
+                calls.c.ended_at > started,
+                calls.c.call_id != row["call_id"],
+            )
+        )
+    ).scalar_one()
+    return int(others) + 1
+
+
+async def get_call(database: Database, call_id: str, *, refresh: bool = True) -> CallView:
+    version, _, _ = await live_versions(database, refresh=refresh)
+    async with database.engine.connect() as conn:
+        row = (
+            (await conn.execute(select(*_VIEW_COLUMNS).where(calls.c.version == version, calls.c.call_id == call_id)))
+            .mappings()
+            .first()
+        )
+        if row is None:
+            raise NotFound(f"no call {call_id!r} in the ledger")
+        return _view(row, await _in_flight(conn, version, row))
+
+
+async def _where(conn: AsyncConnection, version: int, run: str | None, run_gap_s: float) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = [calls.c.version == version]
+    if run is not None:
+        clause = await run_filter(conn, version, run, run_gap_s)
+        if clause is None:
+            raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+        where.append(clause)
+    return where
+
+
+async def calls_page(
+    database: Database,
+    *,
+    run: str | None = None,
+    offset: int = 0,
+    limit: int = 100,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+) -> CallsPage:
+    """Calls in start order, `limit` at a time (at most 1000)."""
+    limit = max(1, min(limit, 1000))
+    offset = max(0, offset)
+    version, _, _ = await live_versions(database, refresh=refresh)
+    async with database.engine.connect() as conn:
+        where = await _where(conn, version, run, run_gap_s)
+        result = await conn.execute(
+            select(*_VIEW_COLUMNS)
+            .where(*where)
+            .order_by(calls.c.started_at, calls.c.call_id)
+            .offset(offset)
+            .limit(limit + 1)
+        )
+        rows = list(result.mappings())
+        items = [_view(r, await _in_flight(conn, version, r)) for r in rows[:limit]]
+    return CallsPage(items=items, offset=offset, limit=limit, next_offset=offset + limit if len(rows) > limit else None)
+
+
+async def iter_calls(
+    database: Database, *, run: str | None = None, run_gap_s: float = 900.0, refresh: bool = True
+) -> AsyncIterator[CallView]:
+    """Every call (or every call of `run`) in start order, with `in_flight` from a sweep over all calls."""
+    version, _, _ = await live_versions(database, refresh=refresh)
+    async with database.engine.connect() as conn:
+        selected = None
+        if run is not None:
+            selected = await _where(conn, version, run, run_gap_s)
+        query = select(*_VIEW_COLUMNS).where(calls.c.version == version).order_by(calls.c.started_at, calls.c.call_id)
+        wanted: set[str] | None = None
+        if selected is not None:
+            ids = await conn.execute(select(calls.c.call_id).where(*selected))
+            wanted = set(ids.scalars())
+        ends: list[datetime] = []
+        group: list[Any] = []
+        result = await conn.stream(query)
+        async for part in result.mappings().partitions(2000):
+            for row in part:
+                if group and row["started_at"] != group[0]["started_at"]:
+                    for view in _flush(group, ends, wanted):
+                        yield view
+                    group = []
+                group.append(row)
+        for view in _flush(group, ends, wanted):
+            yield view
+
+
+def _flush(group: list[Mapping[str, Any]], ends: list[datetime], wanted: set[str] | None) -> list[CallView]:
+    if not group:
+        return []
+    started: datetime = group[0]["started_at"]
+    while ends and ends[0] <= started:
+        heapq.heappop(ends)
+    for row in group:
+        if row["ended_at"] is not None and row["ended_at"] > started:
+            heapq.heappush(ends, row["ended_at"])
+    out = []
+    for row in group:
+        if wanted is not None and row["call_id"] not in wanted:
+            continue
+        counted = row["ended_at"] is not None and row["ended_at"] > started
+        out.append(_view(row, len(ends) + (0 if counted else 1)))
+    return out

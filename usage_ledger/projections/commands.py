@@ -1,0 +1,118 @@
+"""`ledger` subcommands contributed by the projections package (parsers only; work is in `_cli`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from usage_ledger.ledger.commands import add_db_option
+from usage_ledger.projections import _cli
+from usage_ledger.projections.formulas import FORMULAS
+
+__all__ = ("register",)
+
+
+def _fmt(parser: argparse.ArgumentParser, *choices: str) -> None:
+    parser.add_argument(
+        "--format",
+        dest="output_format",
+        choices=choices or ("table", "json", "csv"),
+        default=choices[0] if choices else "table",
+    )
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add this package's subcommands to the `ledger` parser."""
+    formulas = sorted(FORMULAS)
+
+    p = sub.add_parser("import", help="import historical calls from JSONL or CSV files (atomic per file)")
+    add_db_option(p)
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", dest="input_format", choices=("jsonl", "csv"), help="default: from the extension")
+    p.add_argument("--source", help="source name recorded with each call (default: the file name)")
+    p.add_argument("--skip-invalid", action="store_true", help="import the valid rows of a file with bad rows")
+    p.set_defaults(func=_cli.import_command)
+
+    p = sub.add_parser("report", help="runs, tickers or daily totals")
+    add_db_option(p)
+    p.add_argument("kind", choices=("runs", "tickers", "daily"))
+    p.add_argument("--run", help="only this run (an X-Ledger-Run value or an auto-… name)")
+    p.add_argument("--tz", help="IANA time zone for days and times (else LEDGER_TZ)")
+    p.add_argument("--formula", choices=formulas, help="throughput formula (default: the promoted one)")
+    p.add_argument("--weekday-mean", action="store_true", help="daily: mean per weekday instead of per day")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    _fmt(p)
+    p.set_defaults(func=_cli.report_command)
+
+    p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
+    add_db_option(p)
+    p.add_argument("names", nargs="*", metavar="NAME", help="projections to rebuild (default: all)")
+    p.add_argument("--formula", choices=formulas, help="promote with this default formula")
+    p.add_argument("--keep-old", action="store_true", help="keep the previous version's rows")
+    p.set_defaults(func=_cli.rebuild_command)
+
+    p = sub.add_parser("projections", help="run projections or show their status")
+    actions = p.add_subparsers(dest="projections_command", metavar="ACTION", required=True)
+    run = actions.add_parser("run", help="apply new events to the live projections")
+    add_db_option(run)
+    run.add_argument("--follow", "-f", action="store_true", help="keep applying events as they are committed")
+    run.set_defaults(func=_cli.projections_run_command)
+    status = actions.add_parser("status", help="versions, checkpoints and lag")
+    add_db_option(status)
+    _fmt(status)
+    status.set_defaults(func=_cli.projections_status_command)
+
+    p = sub.add_parser("recompute", help="show every run under the current and another formula side by side")
+    add_db_option(p)
+    p.add_argument("--formula", required=True, choices=formulas)
+    p.add_argument("--promote", action="store_true", help="make this formula the default afterwards")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    _fmt(p)
+    p.set_defaults(func=_cli.recompute_command)
+
+    p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind)")
+    add_db_option(p)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--run", help="the run to label")
+    target.add_argument("--from", dest="start", metavar="TIME", help="start of a time range (ISO 8601 with offset)")
+    p.add_argument("--to", dest="end", metavar="TIME", help="end of the time range (exclusive; default open)")
+    p.add_argument("--hardware")
+    p.add_argument("--model")
+    p.add_argument("--kind", choices=("nightly", "comparison"))
+    p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
+    p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")
+    p.set_defaults(func=_cli.annotate_command)
+
+    p = sub.add_parser("retag", help="correct a call's run or tags (appends call.retagged; history stays)")
+    add_db_option(p)
+    p.add_argument("call_id", metavar="CALL")
+    p.add_argument("--run")
+    p.add_argument("--tag", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--remove-tag", action="append", default=[], metavar="NAME")
+    p.add_argument("--reason", required=True)
+    p.set_defaults(func=_cli.retag_command)
+
+    p = sub.add_parser("export", help="export calls as JSONL, CSV or Parquet")
+    add_db_option(p)
+    p.add_argument("--format", dest="output_format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    p.add_argument("--run")
+    p.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout; parquet needs a file)")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    p.set_defaults(func=_cli.export_command)
+
+    p = sub.add_parser("show", help="one call (with bodies) or one run")
+    what = p.add_subparsers(dest="show_command", metavar="WHAT", required=True)
+    call = what.add_parser("call", help="a call's row, events and request/response bodies")
+    add_db_option(call)
+    call.add_argument("call_id", metavar="ID")
+    call.add_argument("--no-bodies", action="store_true")
+    _fmt(call, "text", "json")
+    call.set_defaults(func=_cli.show_call_command)
+    run_p = what.add_parser("run", help="a run's report row and its tickers")
+    add_db_option(run_p)
+    run_p.add_argument("run", metavar="R")
+    run_p.add_argument("--formula", choices=formulas)
+    run_p.add_argument("--tz")
+    run_p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    _fmt(run_p, "table", "json")
+    run_p.set_defaults(func=_cli.show_run_command)

@@ -1,0 +1,195 @@
+"""`ledger export` (calls as JSONL, CSV or Parquet) and `ledger show call|run`.
+
+Export streams calls in start order; memory stays flat (Parquet is written in row groups).
+Parquet needs `pyarrow` (optional: `pip install 'pyarrow>=15'`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import msgspec
+from sqlalchemy import select
+
+from usage_ledger.ledger.blobs import read_blob
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import BlobNotFound
+from usage_ledger.ledger.schema import events
+from usage_ledger.projections.callviews import get_call, iter_calls
+from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.reports import runs_report, tickers_report
+from usage_ledger.projections.rows import CallView, RunRow, TickerRow
+
+__all__ = ("CallDetail", "EventView", "RunDetail", "export_calls", "show_call", "show_run")
+
+EXPORT_FIELDS: tuple[str, ...] = CallView.__struct_fields__
+_encoder = msgspec.json.Encoder()
+
+
+class Body(msgspec.Struct, frozen=True, kw_only=True):
+    blob: str
+    text: str | None = None
+    error: str | None = None
+
+
+class EventView(msgspec.Struct, frozen=True, kw_only=True):
+    position: int
+    type: str
+    occurred_at: datetime
+    payload: msgspec.Raw
+
+
+class CallDetail(msgspec.Struct, frozen=True, kw_only=True):
+    call: CallView
+    events: list[EventView]
+    request: Body | None = None
+    response: Body | None = None
+
+
+class RunDetail(msgspec.Struct, frozen=True, kw_only=True):
+    run: RunRow
+    tickers: list[TickerRow]
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return _encoder.encode(value).decode()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+async def _write_text(rows: AsyncIterator[CallView], out: IO[bytes], fmt: str) -> int:
+    count = 0
+    if fmt == "jsonl":
+        async for view in rows:
+            out.write(_encoder.encode(view) + b"\n")
+            count += 1
+        return count
+    text = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+    writer = csv.writer(text)
+    writer.writerow(EXPORT_FIELDS)
+    async for view in rows:
+        writer.writerow([_csv_value(getattr(view, f)) for f in EXPORT_FIELDS])
+        count += 1
+    text.flush()
+    text.detach()
+    return count
+
+
+def _arrow_schema() -> Any:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    ts = pa.timestamp("us", tz="UTC")
+    types = {
+        "tags": pa.map_(pa.string(), pa.string()),
+        "started_at": ts,
+        "first_token_at": ts,
+        "last_token_at": ts,
+        "ended_at": ts,
+        "http_status": pa.int32(),
+        "in_flight": pa.int32(),
+        "retags": pa.int32(),
+        "input_tokens": pa.int64(),
+        "output_tokens": pa.int64(),
+        "cached_tokens": pa.int64(),
+        "elapsed_s": pa.float64(),
+        "ttft_s": pa.float64(),
+        "prefill_tps": pa.float64(),
+        "decode_tps": pa.float64(),
+    }
+    return pa.schema([(f, types.get(f, pa.string())) for f in EXPORT_FIELDS])
+
+
+async def _write_parquet(rows: AsyncIterator[CallView], path: Path) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise ProjectionError("parquet export needs pyarrow: pip install 'pyarrow>=15'") from exc
+    schema = _arrow_schema()
+    count = 0
+    batch: list[CallView] = []
+
+    def flush(writer: Any) -> None:
+        columns = {f: [getattr(v, f) for v in batch] for f in EXPORT_FIELDS}
+        columns["tags"] = [list(t.items()) for t in columns["tags"]]
+        writer.write_table(pa.Table.from_pydict(columns, schema=schema))
+        batch.clear()
+
+    with pq.ParquetWriter(str(path), schema) as writer:
+        async for view in rows:
+            batch.append(view)
+            count += 1
+            if len(batch) >= 50_000:
+                flush(writer)
+        if batch or count == 0:
+            flush(writer)
+    return count
+
+
+async def export_calls(
+    database: Database,
+    *,
+    fmt: str = "jsonl",
+    run: str | None = None,
+    output: str | Path | None = None,
+    stdout: IO[bytes] | None = None,
+    run_gap_s: float = 900.0,
+) -> int:
+    """Write every call (or the calls of `run`) to `output` (or `stdout`); returns how many."""
+    if fmt not in ("jsonl", "csv", "parquet"):
+        raise ProjectionError(f"unknown export format {fmt!r}: use jsonl, csv or parquet")
+    rows = iter_calls(database, run=run, run_gap_s=run_gap_s)
+    if fmt == "parquet":
+        if output is None:
+            raise ProjectionError("parquet export needs --output FILE")
+        return await _write_parquet(rows, Path(output))
+    if output is not None:
+        with Path(output).open("wb") as handle:  # noqa: ASYNC230 - rows stream from the database into it
+            return await _write_text(rows, handle, fmt)
+    assert stdout is not None
+    return await _write_text(rows, stdout, fmt)
+
+
+async def _body(conn: Any, digest: str | None) -> Body | None:
+    if digest is None:
+        return None
+    try:
+        data = await read_blob(conn, digest)
+    except BlobNotFound as exc:
+        return Body(blob=digest, error=str(exc))
+    return Body(blob=digest, text=data.decode("utf-8", errors="replace"))
+
+
+async def show_call(database: Database, call_id: str, *, bodies: bool = True) -> CallDetail:
+    """A call's row, its events and (decompressed) request and response bodies."""
+    view = await get_call(database, call_id)
+    async with database.engine.connect() as conn:
+        result = await conn.execute(
+            select(events.c.position, events.c.type, events.c.occurred_at, events.c.payload)
+            .where(events.c.stream == f"call-{call_id}")
+            .order_by(events.c.position)
+        )
+        history = [
+            EventView(
+                position=r.position, type=r.type, occurred_at=r.occurred_at, payload=msgspec.Raw(r.payload.encode())
+            )
+            for r in result
+        ]
+        request = await _body(conn, view.request_blob) if bodies else None
+        response = await _body(conn, view.response_blob) if bodies else None
+    return CallDetail(call=view, events=history, request=request, response=response)
+
+
+async def show_run(database: Database, run: str, *, formula: str | None = None, run_gap_s: float = 900.0) -> RunDetail:
+    rows = await runs_report(database, formula=formula, run=run, run_gap_s=run_gap_s)
+    tickers = await tickers_report(database, run=run, run_gap_s=run_gap_s, refresh=False)
+    return RunDetail(run=rows[0], tickers=tickers)

@@ -1,0 +1,76 @@
+"""Throughput formulas, registered in one place.
+
+A formula turns a run's aggregate statistics into tokens per second. Adding one is one small
+function plus `@formula("name")`; reports pick it by name (`--formula`), and `ledger recompute`
+shows the old and new numbers side by side. Formulas never change stored rows, so old numbers can
+always be reproduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+import msgspec
+
+from usage_ledger.projections.errors import UnknownFormula
+
+__all__ = ("DEFAULT_FORMULA", "FORMULAS", "RunStats", "formula", "get_formula")
+
+DEFAULT_FORMULA = "batch_aggregate"
+
+
+class RunStats(msgspec.Struct, frozen=True, kw_only=True):
+    """What a formula may use about a run.
+
+    `rate_sum` / `rate_calls`: Σ and count of output tokens ÷ call elapsed over the run's
+    successful (`ok`) calls with a positive elapsed time.
+    """
+
+    calls: int
+    output_tokens: int
+    input_tokens: int
+    first_start: datetime | None
+    last_end: datetime | None
+    rate_sum: float
+    rate_calls: int
+
+    @property
+    def wall_s(self) -> float | None:
+        if self.first_start is None or self.last_end is None:
+            return None
+        return (self.last_end - self.first_start).total_seconds()
+
+
+Formula = Callable[[RunStats], "float | None"]
+FORMULAS: dict[str, Formula] = {}
+
+
+def formula(name: str) -> Callable[[Formula], Formula]:
+    """Register a formula under `name`."""
+
+    def register(fn: Formula) -> Formula:
+        FORMULAS[name] = fn
+        return fn
+
+    return register
+
+
+def get_formula(name: str) -> Formula:
+    try:
+        return FORMULAS[name]
+    except KeyError:
+        raise UnknownFormula(f"unknown formula {name!r}; known: {', '.join(sorted(FORMULAS))}") from None
+
+
+@formula("batch_aggregate")
+def batch_aggregate(stats: RunStats) -> float | None:
+    """Σ output tokens ÷ (last call end - first call start): the number to trust under batching."""
+    wall = stats.wall_s
+    return stats.output_tokens / wall if wall and wall > 0 else None
+
+
+@formula("per_call_mean")
+def per_call_mean(stats: RunStats) -> float | None:
+    """Mean over calls of output tokens ÷ call elapsed (the older, per-request view)."""
+    return stats.rate_sum / stats.rate_calls if stats.rate_calls else None

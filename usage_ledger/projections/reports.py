@@ -1,0 +1,234 @@
+"""Reports over the live projections: runs, tickers, daily totals, formula comparisons.
+
+Each function refreshes the projections first (catch-up to the head) unless `refresh=False`
+(the API passes False: `follow_projections` keeps them current inside `ledger serve`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from datetime import UTC, date, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from sqlalchemy import BigInteger, case, cast, func, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections._aggregate import RunAcc, collect_runs, run_filter
+from usage_ledger.projections.annotations import labels_for_run, load_annotations
+from usage_ledger.projections.calls import FAILED_STATUSES
+from usage_ledger.projections.engine import catch_up_all, live_version
+from usage_ledger.projections.errors import NotFound, ProjectionError
+from usage_ledger.projections.formulas import get_formula
+from usage_ledger.projections.rows import CallsPerTicker, DailyRow, RecomputeRow, RunRow, TickerRow, WeekdayRow
+from usage_ledger.projections.tables import calls
+
+__all__ = (
+    "daily_report",
+    "live_versions",
+    "parse_zone",
+    "recompute_report",
+    "runs_report",
+    "tickers_report",
+    "weekday_mean",
+)
+
+_WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# Every UTC offset in use is a multiple of 15 minutes, so a 15-minute UTC bucket lies within one local day.
+_BUCKET_S = 900
+
+
+async def live_versions(database: Database, *, refresh: bool = True) -> tuple[int, int, str]:
+    """(calls version, annotations version, default formula), after catching up when `refresh`."""
+    if refresh:
+        await catch_up_all(database)
+    async with database.engine.connect() as conn:
+        calls_version, formula = await live_version(conn, "calls")
+        notes_version, _ = await live_version(conn, "annotations")
+    return calls_version, notes_version, formula
+
+
+def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str]) -> RunRow:
+    stats = acc.stats()
+    counts = sorted(t[0] for t in acc.tickers.values())
+    wall = stats.wall_s
+    tickers = len(counts)
+    return RunRow(
+        run=name,
+        model=acc.model(),
+        calls=acc.calls,
+        failed_calls=acc.failed,
+        incomplete_calls=acc.incomplete,
+        tickers=tickers,
+        input_tokens=acc.input,
+        output_tokens=acc.output,
+        started_at=acc.first_start,
+        ended_at=acc.last_end,
+        wall_s=wall,
+        throughput_tps=get_formula(formula)(stats),
+        formula=formula,
+        calls_per_ticker=(
+            CallsPerTicker(min=counts[0], median=float(statistics.median(counts)), max=counts[-1]) if counts else None
+        ),
+        hours_per_100_tickers=wall / 3600 * 100 / tickers if wall is not None and tickers else None,
+        labels=labels,
+    )
+
+
+def _order(item: tuple[str, RunAcc]) -> tuple[datetime, str]:
+    return (item[1].first_start or datetime.min.replace(tzinfo=UTC), item[0])
+
+
+async def runs_report(
+    database: Database,
+    *,
+    formula: str | None = None,
+    run: str | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+) -> list[RunRow]:
+    """One row per run (DESIGN §6), ordered by first call start."""
+    if formula is not None:
+        get_formula(formula)
+    version, notes_version, default = await live_versions(database, refresh=refresh)
+    formula = formula or default
+    async with database.engine.connect() as conn:
+        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+        notes = await load_annotations(conn, notes_version)
+    if run is not None and not runs:
+        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+    return [
+        _run_row(name, acc, formula, labels_for_run(notes, name, acc.first_start))
+        for name, acc in sorted(runs.items(), key=_order)
+    ]
+
+
+async def tickers_report(
+    database: Database, *, run: str | None = None, run_gap_s: float = 900.0, refresh: bool = True
+) -> list[TickerRow]:
+    """Calls and tokens per run and ticker."""
+    version, _, _ = await live_versions(database, refresh=refresh)
+    async with database.engine.connect() as conn:
+        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+    if run is not None and not runs:
+        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+    return [
+        TickerRow(run=name, ticker=ticker, calls=t[0], input_tokens=t[1], output_tokens=t[2])
+        for name, acc in sorted(runs.items(), key=_order)
+        for ticker, t in sorted(acc.tickers.items())
+    ]
+
+
+async def recompute_report(
+    database: Database,
+    formula: str,
+    *,
+    old_formula: str | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+) -> list[RecomputeRow]:
+    """Every run under the current (or `old_formula`) and the `formula` given, side by side."""
+    new = get_formula(formula)
+    version, _, default = await live_versions(database, refresh=refresh)
+    old_name = old_formula or default
+    old = get_formula(old_name)
+    async with database.engine.connect() as conn:
+        runs = await collect_runs(conn, version, run_gap_s=run_gap_s)
+    out = []
+    for name, acc in sorted(runs.items(), key=_order):
+        stats = acc.stats()
+        before, after = old(stats), new(stats)
+        change = (after - before) / before * 100 if before and after is not None else None
+        out.append(
+            RecomputeRow(
+                run=name, old_formula=old_name, old_tps=before, new_formula=formula, new_tps=after, change_pct=change
+            )
+        )
+    return out
+
+
+def parse_zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ProjectionError(f"unknown time zone {tz!r}: use an IANA name such as UTC or Asia/Seoul") from exc
+
+
+def _bucket(conn: AsyncConnection) -> object:
+    if conn.dialect.name == "postgresql":
+        return cast(func.floor(func.extract("epoch", calls.c.started_at) / _BUCKET_S), BigInteger)
+    return cast(func.strftime("%s", calls.c.started_at), BigInteger) / _BUCKET_S
+
+
+async def daily_report(
+    database: Database,
+    *,
+    tz: str = "UTC",
+    run: str | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+) -> list[DailyRow]:
+    """Calls, failures and tokens per calendar day in `tz` (by call start), DST-correct.
+
+    SQL sums per 15-minute UTC bucket; each bucket is then mapped to its local date with zoneinfo.
+    """
+    zone = parse_zone(tz)
+    version, _, _ = await live_versions(database, refresh=refresh)
+    async with database.engine.connect() as conn:
+        where = [calls.c.version == version]
+        if run is not None:
+            clause = await run_filter(conn, version, run, run_gap_s)
+            if clause is None:
+                raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+            where.append(clause)
+        bucket = _bucket(conn).label("bucket")  # type: ignore[attr-defined]
+        query = (
+            select(
+                bucket,
+                func.count(),
+                cast(func.sum(case((calls.c.status.in_(FAILED_STATUSES), 1), else_=0)), BigInteger),
+                cast(func.sum(calls.c.input_tokens), BigInteger),
+                cast(func.sum(calls.c.output_tokens), BigInteger),
+            )
+            .where(*where)
+            .group_by(bucket)
+        )
+        days: dict[date, list[int]] = {}
+        for b, n, failed, tin, tout in await conn.execute(query):
+            day = datetime.fromtimestamp(int(b) * _BUCKET_S, zone).date()
+            acc = days.setdefault(day, [0, 0, 0, 0])
+            acc[0] += int(n)
+            acc[1] += int(failed)
+            acc[2] += int(tin)
+            acc[3] += int(tout)
+    return [
+        DailyRow(day=day.isoformat(), calls=v[0], failed_calls=v[1], input_tokens=v[2], output_tokens=v[3])
+        for day, v in sorted(days.items())
+    ]
+
+
+def weekday_mean(rows: list[DailyRow]) -> list[WeekdayRow]:
+    """Mean per day of each weekday (over days with calls), plus `Mon-Fri` for the average working day."""
+    groups: dict[str, list[DailyRow]] = {}
+    for row in rows:
+        weekday = date.fromisoformat(row.day).weekday()
+        groups.setdefault(_WEEKDAYS[weekday], []).append(row)
+        if weekday < 5:
+            groups.setdefault("Mon-Fri", []).append(row)
+    out = []
+    for name in (*_WEEKDAYS, "Mon-Fri"):
+        days = groups.get(name)
+        if not days:
+            continue
+        n = len(days)
+        out.append(
+            WeekdayRow(
+                weekday=name,
+                days=n,
+                calls=sum(d.calls for d in days) / n,
+                failed_calls=sum(d.failed_calls for d in days) / n,
+                input_tokens=sum(d.input_tokens for d in days) / n,
+                output_tokens=sum(d.output_tokens for d in days) / n,
+            )
+        )
+    return out
