@@ -6,7 +6,9 @@ profile parameter has a flag (``--max-num-seqs``, ``--acceptance-rate``, ``--ste
 vLLM's own server flags keep their names: ``--runner generate|pooling``,
 ``--enable-prompt-tokens-details``, ``--enable-force-include-usage``,
 ``--enable-per-request-metrics``, ``--per-request-spec-decode-metrics none|summary|detailed``,
-``--enable-auto-tool-choice`` with ``--tool-call-parser``. See docs/emulator.md.
+``--enable-auto-tool-choice`` with ``--tool-call-parser``; the KV cache's ``--kv-cache-dtype``,
+``--[no-]enable-prefix-caching``, ``--block-size``, ``--num-gpu-blocks-override``,
+``--gpu-memory-utilization`` (and the emulator's ``--kv-cache-size-tokens``). See docs/emulator.md.
 
 The wire shapes are vLLM 0.32's, checked against transcripts recorded from the real server
 (tests/emulator/test_shape.py): when the two disagree, the real server wins.
@@ -25,7 +27,9 @@ Endpoints (``--runner generate``, the default): ``POST /v1/chat/completions``,
 ``POST /v1/embeddings`` instead (the other kind's paths are 404 ``{"detail": "Not Found"}``, as
 in vLLM). Always: ``GET /v1/models`` (with ``max_model_len``), ``POST /tokenize``,
 ``POST /detokenize``, ``GET /health``, ``/version``, ``/metrics`` (vLLM's Prometheus names and
-text format: ``x_total`` counters with ``x_created``, labels ``engine="0"``, ``model_name``).
+text format: ``x_total`` counters with ``x_created``, labels ``engine="0"``, ``model_name``; KV
+cache usage, preemptions, prefix-cache counters and ``vllm:cache_config_info`` with behaviour
+behind them, see `emulator.scheduler`).
 Extras: ``GET /emulator/requests`` (finished requests with emulated arrival, first-token and
 finish times) and ``GET /emulator/clock``.
 

@@ -7,7 +7,14 @@ import asyncio
 import sys
 from typing import Any
 
-from usage_ledger.emulator.config import PROFILES, RUNNERS, SPEC_DECODE_METRICS_LEVELS, EmulatorConfig, profile_config
+from usage_ledger.emulator.config import (
+    CACHE_DTYPES,
+    PROFILES,
+    RUNNERS,
+    SPEC_DECODE_METRICS_LEVELS,
+    EmulatorConfig,
+    profile_config,
+)
 from usage_ledger.emulator.faults import FaultError, parse_faults
 
 __all__ = ("add_arguments", "build_config", "main", "register")
@@ -26,6 +33,10 @@ _OVERRIDES: tuple[tuple[str, type, str], ...] = (
     ("output_spread", float, "natural length = mean * (1 +- spread), uniform"),
     ("seed", int, "seed of the acceptance draws"),
     ("embedding_dim", int, "length of /v1/embeddings vectors (default 256)"),
+    ("kv_cache_size_tokens", int, "KV cache capacity in tokens (what vLLM sizes from GPU memory)"),
+    ("block_size", int, "tokens per KV block (vLLM's flag; default 16)"),
+    ("num_gpu_blocks_override", int, "KV blocks, whatever --kv-cache-size-tokens says (vLLM's flag)"),
+    ("gpu_memory_utilization", float, "reported in vllm:cache_config_info (vLLM's flag; default 0.9)"),
 )
 
 
@@ -73,6 +84,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="accept tool_choice=auto (vLLM's flag; needs --tool-call-parser; the answer is text, never a call)",
     )
     p.add_argument("--tool-call-parser", default=None, help="accepted for vLLM parity (any name)")
+    p.add_argument(
+        "--kv-cache-dtype",
+        dest="cache_dtype",
+        choices=CACHE_DTYPES,
+        default=None,
+        help="reported in vllm:cache_config_info (vLLM's flag; the profiles: fp8)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="look prompts up in the prefix cache, counted in vllm:prefix_cache_queries_total; the emulator "
+        "never finds a hit (vLLM's flag; the profiles: off)",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     for name, kind, help_text in _OVERRIDES:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -84,6 +109,9 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
     }
     if args.model:
         overrides["model"] = args.model
+    for name in ("cache_dtype", "enable_prefix_caching"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     parse_faults(args.fault)
     return profile_config(
         args.profile,

@@ -7,6 +7,8 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = (
+    "CACHE_DTYPES",
+    "DEFAULT_BLOCK_SIZE",
     "PROFILES",
     "RUNNERS",
     "SPEC_DECODE_METRICS_LEVELS",
@@ -20,6 +22,9 @@ SpecDecodeMetricsLevel = Literal["none", "summary", "detailed"]
 SPEC_DECODE_METRICS_LEVELS: tuple[SpecDecodeMetricsLevel, ...] = ("none", "summary", "detailed")
 Runner = Literal["generate", "pooling"]
 RUNNERS: tuple[Runner, ...] = ("generate", "pooling")
+# vLLM's `--kv-cache-dtype` choices (`CacheDType`); the emulator reports the dtype, it does not model its size
+CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla")
+DEFAULT_BLOCK_SIZE = 16  # what vLLM resolves `--block-size` to on CUDA when it is not given
 
 
 class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -39,6 +44,13 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     with `tool_call_parser` (tools are accepted; the emulator answers with text, never a call).
     `runner` is vLLM's `--runner`: a `generate` server serves chat, completions and responses, a
     `pooling` one `/v1/embeddings` only (the other's paths are 404, as in vLLM).
+
+    KV cache (vLLM's `CacheConfig`): `kv_cache_size_tokens` is the profile's capacity, what vLLM
+    would size from GPU memory; it holds `kv_cache_size_tokens // block_size` blocks unless
+    `num_gpu_blocks_override` says how many. `block_size` None is vLLM's default (16 on CUDA).
+    `cache_dtype`, `gpu_memory_utilization` are reported in `vllm:cache_config_info` only;
+    `enable_prefix_caching` turns on the prefix-cache lookups (`vllm:prefix_cache_queries_total`;
+    the emulator never finds a hit, see docs/emulator.md).
     """
 
     model: str = "emulator-moe"
@@ -51,7 +63,7 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     step_per_ctx_token_s: float = 1.188e-8
     prefill_per_token_s: float = 4.0e-5
     spec_tokens: int = 1
-    acceptance_rate: float = 0.5
+    acceptance_rate: float = 0.501
     mean_output_tokens: int = 1470
     output_spread: float = 0.5
     speed: float = 1.0
@@ -65,6 +77,24 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     embedding_dim: int = 256
     faults: tuple[str, ...] = ()
     max_request_log: int = 100_000
+    kv_cache_size_tokens: int = 262_144
+    block_size: int | None = None
+    num_gpu_blocks_override: int | None = None
+    cache_dtype: str = "fp8"
+    enable_prefix_caching: bool = False
+    gpu_memory_utilization: float = 0.9
+
+    @property
+    def kv_block_size(self) -> int:
+        """Tokens per KV block (`block_size`, or vLLM's default when not given)."""
+        return self.block_size if self.block_size is not None else DEFAULT_BLOCK_SIZE
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """KV blocks the engine may hand out (vLLM's `num_gpu_blocks`)."""
+        if self.num_gpu_blocks_override is not None:
+            return self.num_gpu_blocks_override
+        return self.kv_cache_size_tokens // self.kv_block_size
 
     def __post_init__(self) -> None:
         if self.speed <= 0:
@@ -92,11 +122,36 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("--enable-auto-tool-choice requires --tool-call-parser")
         if self.embedding_dim < 1:
             raise ValueError(f"embedding_dim must be >= 1, got {self.embedding_dim}")
+        self._check_kv_cache()
+
+    def _check_kv_cache(self) -> None:
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_size_tokens < 1:
+            raise ValueError(f"kv_cache_size_tokens must be >= 1, got {self.kv_cache_size_tokens}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+            raise ValueError(f"num_gpu_blocks_override must be >= 1, got {self.num_gpu_blocks_override}")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ValueError(f"cache_dtype must be one of {', '.join(CACHE_DTYPES)}, got {self.cache_dtype!r}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be within (0, 1], got {self.gpu_memory_utilization}")
+        capacity = self.num_gpu_blocks * self.kv_block_size
+        if capacity < self.max_model_len:  # vLLM refuses to start in this case too
+            raise ValueError(
+                f"To serve at least one request with the model's max seq len ({self.max_model_len}), "
+                f"{self.max_model_len} tokens of KV cache are needed, which is more than the available "
+                f"KV cache ({self.num_gpu_blocks} blocks of {self.kv_block_size} = {capacity} tokens). "
+                "Increase --kv-cache-size-tokens or --num-gpu-blocks-override, or decrease --max-model-len."
+            )
 
 
 # Calibrated with `python bench/emulator.py calibrate` against DESIGN §7 (seed workload:
 # prompt 10.8k, output 1.47k tokens per call, 1700 calls). MoE: 14 clients -> ~911 t/s,
-# MTP acceptance ~50%; dense 27B: 3 clients -> ~118 t/s, acceptance ~67%.
+# MTP acceptance 50.1 %; dense 27B: 3 clients -> ~118 t/s, acceptance 66.95 %.
+# KV capacity is not in the measurements: a plausible value for a 32 GB RTX 5090 with an fp8 KV
+# cache, large enough that the seed's max-num-seqs calls (10.8k + 1.47k tokens each) fit without
+# preemption (moe: 14 x ~12.3k = ~172k of 262k tokens; dense: 3 x ~12.3k = ~37k of 64k).
+# The seed serves with `--kv-cache-dtype fp8` and prefix caching off.
 PROFILES: dict[str, EmulatorConfig] = {
     "moe": EmulatorConfig(
         model="emulator-moe",
@@ -108,7 +163,10 @@ PROFILES: dict[str, EmulatorConfig] = {
         step_per_ctx_token_s=1.188e-8,
         prefill_per_token_s=4.0e-5,
         spec_tokens=1,
-        acceptance_rate=0.5,
+        acceptance_rate=0.501,
+        kv_cache_size_tokens=262_144,
+        cache_dtype="fp8",
+        enable_prefix_caching=False,
     ),
     "dense": EmulatorConfig(
         model="emulator-dense",
@@ -120,7 +178,10 @@ PROFILES: dict[str, EmulatorConfig] = {
         step_per_ctx_token_s=4.687e-8,
         prefill_per_token_s=2.8e-4,
         spec_tokens=1,
-        acceptance_rate=0.67,
+        acceptance_rate=0.6695,
+        kv_cache_size_tokens=65_536,
+        cache_dtype="fp8",
+        enable_prefix_caching=False,
     ),
 }
 

@@ -15,6 +15,7 @@ from collections import deque
 
 import msgspec
 
+from usage_ledger.emulator.cache_config import cache_config_labels
 from usage_ledger.emulator.config import EmulatorConfig
 from usage_ledger.emulator.metrics import Metrics
 from usage_ledger.emulator.scheduler import Scheduler, Sequence
@@ -43,7 +44,9 @@ class Engine:
     def __init__(self, config: EmulatorConfig):
         self.config = config
         self.scheduler = Scheduler(config)
-        self.metrics = Metrics(config.model, config.spec_tokens, created=time.time())
+        self.metrics = Metrics(
+            config.model, config.spec_tokens, created=time.time(), cache_config=cache_config_labels(config)
+        )
         self.records: deque[RequestRecord] = deque(maxlen=config.max_request_log)
         self._speed = config.speed
         self._anchor_real = time.monotonic()
@@ -109,15 +112,7 @@ class Engine:
         )
 
     def render_metrics(self) -> str:
-        s = self.scheduler
-        return self.metrics.render(
-            running=len(s.running),
-            waiting=len(s.waiting),
-            drafts=s.drafts,
-            draft_tokens=s.draft_tokens,
-            accepted=s.accepted_tokens,
-            per_pos=s.accepted_per_pos,
-        )
+        return self.metrics.render(self.scheduler)
 
     # -- the step loop -------------------------------------------------------------------
     async def _run(self) -> None:

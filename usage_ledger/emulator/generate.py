@@ -110,11 +110,14 @@ class _Call:
 
     @property
     def prompt_top(self) -> int | None:
-        """vLLM's prompt_logprobs count: asked for, or (completions) `echo` with `logprobs`."""
-        req = self.req
-        if req.prompt_logprobs is not None:
-            return req.prompt_logprobs
-        return req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
+        return _prompt_top(self.req)
+
+
+def _prompt_top(req: ChatRequest | CompletionRequest) -> int | None:
+    """vLLM's prompt_logprobs count: asked for, or (completions) `echo` with `logprobs`."""
+    if req.prompt_logprobs is not None:
+        return req.prompt_logprobs
+    return req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
 
 
 def _usage_flags(config: EmulatorConfig, req: ChatRequest | CompletionRequest) -> tuple[bool, bool]:
@@ -149,6 +152,7 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
     request_id = ("chatcmpl-" if chat else "cmpl-") + base_id
     now = engine.now()
     choices: list[_Choice] = []
+    skip_prefix_cache = _prompt_top(req) is not None  # vLLM must compute every prompt token's logits
     for i in range(req.n):
         key = prompt_text.encode() + (b"" if i == 0 else b"#%d" % i)  # each choice its own length
         natural = natural_length(key, config.mean_output_tokens, config.output_spread)
@@ -160,7 +164,7 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
             room=config.max_model_len - prompt_tokens,
         )
         seq_id = request_id if req.n == 1 else f"{i}_{request_id}"  # vLLM's child request ids
-        seq = Sequence(seq_id, prompt_tokens, n_out, reason, now)
+        seq = Sequence(seq_id, prompt_tokens, n_out, reason, now, skip_prefix_cache=skip_prefix_cache)
         choices.append(_Choice(i, seq, natural % len(PIECES), req.stop_reason() if reason == "stop" else None))
     call = _Call(config, req, request_id, choices, int(now), (prompt_text, prompt_ids))
     extra = [(b"x-request-id", base_id.encode())]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from usage_ledger.emulator.scheduler import Scheduler
 
 __all__ = ("Histogram", "Metrics")
 
@@ -17,6 +21,12 @@ E2E_BUCKETS = (
 ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
+
+_WAITING_BY_REASON_HELP = (
+    "Number of waiting requests by reason. Reason labels: 'capacity' = waiting for scheduling capacity; "
+    "'deferred' = deferred by transient constraints (LoRA budget, KV transfer, blocked status). "
+    "Sum of all reasons equals vllm:num_requests_waiting."
+)
 
 
 class Histogram:
@@ -38,9 +48,13 @@ def _num(value: float) -> str:
     return repr(float(value))
 
 
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def _labels(**labels: str) -> str:
     """Label pairs in name order, as vLLM 0.32's exposition writes them (`engine`, `le`, `model_name`)."""
-    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
 
 
 class Metrics:
@@ -50,8 +64,9 @@ class Metrics:
     `x_total` samples, and every counter and histogram has its `x_created` gauge (start time).
     """
 
-    def __init__(self, model: str, spec_tokens: int, created: float = 0.0):
+    def __init__(self, model: str, spec_tokens: int, created: float = 0.0, cache_config: dict[str, str] | None = None):
         self.model = model
+        self.cache_config = cache_config or {}
         self.created = created
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -61,9 +76,8 @@ class Metrics:
         self.itl = Histogram(ITL_BUCKETS)
         self.spec_tokens = spec_tokens
 
-    def render(
-        self, *, running: int, waiting: int, drafts: int, draft_tokens: int, accepted: int, per_pos: list[int]
-    ) -> str:
+    def render(self, sched: Scheduler) -> str:
+        """The exposition page; queue, KV cache and spec-decode numbers are read off `sched`."""
         base = {"engine": "0", "model_name": self.model}
         labels = _labels(**base)
         created = _num(self.created)
@@ -80,9 +94,27 @@ class Metrics:
             out.extend(f"{name}_created{{{lab}}} {created}" for lab, _ in samples)
 
         metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.")
-        out.append(f"vllm:num_requests_running{{{labels}}} {_num(running)}")
+        out.append(f"vllm:num_requests_running{{{labels}}} {_num(len(sched.running))}")
         metric("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.")
-        out.append(f"vllm:num_requests_waiting{{{labels}}} {_num(waiting)}")
+        out.append(f"vllm:num_requests_waiting{{{labels}}} {_num(len(sched.waiting))}")
+        metric("vllm:num_requests_waiting_by_reason", "gauge", _WAITING_BY_REASON_HELP)
+        for reason, count in (("capacity", len(sched.waiting)), ("deferred", 0)):  # nothing defers here
+            out.append(f"vllm:num_requests_waiting_by_reason{{{_labels(**base, reason=reason)}}} {_num(count)}")
+        metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
+        out.append(f"vllm:kv_cache_usage_perc{{{labels}}} {_num(sched.kv.usage)}")
+        counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            [(labels, sched.prefix_cache_queries)],
+        )
+        counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            [(labels, sched.prefix_cache_hits)],
+        )
+        counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", [(labels, sched.preemptions)]
+        )
         counter("vllm:prompt_tokens", "Number of prefill tokens processed.", [(labels, self.prompt_tokens)])
         counter("vllm:generation_tokens", "Number of generation tokens processed.", [(labels, self.generation_tokens)])
         counter(
@@ -106,12 +138,17 @@ class Metrics:
             metric(name + "_created", "gauge", help_text)
             out.append(f"{name}_created{{{labels}}} {created}")
         if self.spec_tokens:
-            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [(labels, drafts)])
-            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [(labels, draft_tokens)])
-            counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [(labels, accepted)])
+            counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", [(labels, sched.drafts)])
+            counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", [(labels, sched.draft_tokens)])
+            counter(
+                "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", [(labels, sched.accepted_tokens)]
+            )
             counter(
                 "vllm:spec_decode_num_accepted_tokens_per_pos",
                 "Accepted tokens per draft position.",
-                [(_labels(**base, position=str(pos)), count) for pos, count in enumerate(per_pos)],
+                [(_labels(**base, position=str(pos)), count) for pos, count in enumerate(sched.accepted_per_pos)],
             )
+        if self.cache_config:  # vLLM labels it with the engine only, no model_name
+            metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+            out.append(f"vllm:cache_config_info{{{_labels(**self.cache_config, engine='0')}}} 1.0")
         return "\n".join(out) + "\n"

@@ -8,6 +8,15 @@ draft position is accepted with probability `r` given the previous one was (so t
 acceptance per drafted token equals `acceptance_rate`). A pooling sequence (embeddings) is
 done when its prefill completes and emits no token.
 
+KV cache (`emulator.kv_cache`): every planned sequence first reserves the blocks its step
+needs. When the pool is short, the scheduler preempts like vLLM's (recompute mode): the
+youngest running sequence not yet planned this step (possibly the one asking) loses its blocks
+and goes to the front of the waiting queue; re-admitted, it prefills its prompt and the tokens
+it already generated again, then carries on. Waiting sequences are admitted only while their
+first chunk fits, and not at all in a step that preempted (as vLLM does). Unlike vLLM, which
+walks the running batch once, decodes are still planned before partial prefills (the timing
+calibration depends on it).
+
 With `per_request_spec_decode_metrics` on, each sequence keeps vLLM's per-request counters
 (`RequestSpecDecodeMetrics`): a histogram of accepted drafts per verify step and the drafted
 total, plus the ordered per-step arrays at `detailed`. They only count; the draws and the
@@ -22,6 +31,7 @@ from collections import deque
 from typing import Any
 
 from usage_ledger.emulator.config import EmulatorConfig
+from usage_ledger.emulator.kv_cache import KVBlockPool
 
 __all__ = ("Scheduler", "Sequence", "StepPlan", "conditional_acceptance")
 
@@ -32,6 +42,7 @@ class Sequence:
     __slots__ = (
         "aborted",
         "arrival",
+        "blocks",
         "computed",
         "done",
         "finish_reason",
@@ -43,9 +54,12 @@ class Sequence:
         "per_step_accepted",
         "per_step_drafted",
         "pooling",
+        "preemptions",
+        "prefill_len",
         "prompt_tokens",
         "request_id",
         "scheduled_at",
+        "skip_prefix_cache",
         "spec_drafted",
         "spec_hist",
         "waiter",
@@ -60,15 +74,20 @@ class Sequence:
         arrival: float,
         *,
         pooling: bool = False,
+        skip_prefix_cache: bool = False,
     ):
         self.request_id = request_id
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.finish_reason = finish_reason
         self.arrival = arrival
-        self.computed = 0
+        self.computed = 0  # tokens prefilled since (re)admission
+        self.prefill_len = prompt_tokens  # after a preemption: prompt + the tokens generated so far
         self.generated = 0
         self.pooling = pooling
+        self.skip_prefix_cache = skip_prefix_cache  # vLLM skips the lookup for prompt logprobs
+        self.blocks = 0  # KV blocks held
+        self.preemptions = 0
         self.scheduled_at: float | None = None  # start of the first step that computed it
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -124,6 +143,10 @@ class Scheduler:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.accepted_per_pos = [0] * config.spec_tokens
+        self.kv = KVBlockPool(config.num_gpu_blocks, config.kv_block_size)
+        self.preemptions = 0
+        self.prefix_cache_queries = 0  # prompt tokens looked up (prefix caching on only)
+        self.prefix_cache_hits = 0  # the emulator never finds a cached prefix
         level = config.per_request_spec_decode_metrics
         self._track_spec = level != "none" and config.spec_tokens > 0
         self._track_steps = self._track_spec and level == "detailed"
@@ -144,6 +167,7 @@ class Scheduler:
         seq.done = True
         if seq in self.running:
             self.running.remove(seq)
+            self.kv.release(seq)
         else:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(seq)
@@ -155,15 +179,23 @@ class Scheduler:
     def schedule(self) -> StepPlan | None:
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        per_decode = 1 + cfg.spec_tokens
+        k = cfg.spec_tokens
+        per_decode = 1 + k
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []
+        planned: set[Sequence] = set()
+        preemptions = self.preemptions
         ctx = 0
         partial: list[Sequence] = []
-        for seq in self.running:
-            if seq.computed >= seq.prompt_tokens:
-                if budget >= per_decode:
+        for seq in list(self.running):
+            if seq not in self.running:
+                continue  # preempted for an older sequence's blocks
+            if seq.computed >= seq.prefill_len:
+                # slots for the step's 1 + k tokens, never past the tokens it will have
+                slots = min(seq.prompt_tokens + seq.generated + k, seq.prompt_tokens + seq.output_tokens)
+                if budget >= per_decode and self._reserve(seq, slots, planned):
                     decodes.append(seq)
+                    planned.add(seq)
                     budget -= per_decode
                     ctx += seq.prompt_tokens + seq.generated
             else:
@@ -171,15 +203,15 @@ class Scheduler:
         for seq in partial:
             if budget <= 0:
                 break
-            chunk = min(seq.prompt_tokens - seq.computed, budget)
-            prefills.append((seq, chunk))
-            budget -= chunk
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            seq = self.waiting.popleft()
-            self.running.append(seq)
-            chunk = min(seq.prompt_tokens, budget)
-            prefills.append((seq, chunk))
-            budget -= chunk
+            if seq not in self.running:
+                continue
+            chunk = min(seq.prefill_len - seq.computed, budget)
+            if self._reserve(seq, seq.computed + chunk, planned):
+                prefills.append((seq, chunk))
+                planned.add(seq)
+                budget -= chunk
+        if self.preemptions == preemptions or not planned:
+            self._admit(budget, prefills)
         if not decodes and not prefills:
             return None
         prefill_tokens = sum(chunk for _, chunk in prefills)
@@ -191,6 +223,38 @@ class Scheduler:
         )
         return StepPlan(dt, decodes, prefills)
 
+    def _reserve(self, seq: Sequence, tokens: int, planned: set[Sequence]) -> bool:
+        """Blocks for `seq` to hold `tokens`, preempting the youngest unplanned sequences as needed."""
+        while not self.kv.reserve(seq, tokens):
+            victim = next(s for s in reversed(self.running) if s not in planned)  # `seq` itself at worst
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.kv.release(seq)
+        seq.computed = 0
+        seq.prefill_len = seq.prompt_tokens + seq.generated
+        seq.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _admit(self, budget: int, prefills: list[tuple[Sequence, int]]) -> None:
+        """Waiting sequences in order while a slot, token budget and blocks for the first chunk last."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            chunk = min(seq.prefill_len, budget)
+            if not self.kv.reserve(seq, chunk):
+                break  # vLLM's admission stops at the first request that does not fit
+            self.waiting.popleft()
+            self.running.append(seq)
+            if self.config.enable_prefix_caching and not seq.skip_prefix_cache and not seq.preemptions:
+                self.prefix_cache_queries += seq.prompt_tokens  # vLLM counts a resumed request's apart
+            prefills.append((seq, chunk))
+            budget -= chunk
+
     def complete(self, plan: StepPlan, t_end: float) -> list[Sequence]:
         """Apply `plan` at emulated time `t_end`; returns the sequences that emitted tokens."""
         touched: list[Sequence] = []
@@ -201,8 +265,9 @@ class Scheduler:
             if seq.scheduled_at is None:
                 seq.scheduled_at = t_start
             seq.computed += chunk
-            if seq.computed >= seq.prompt_tokens:
-                seq.first_token_at = t_end
+            if seq.computed >= seq.prefill_len:
+                if seq.first_token_at is None:
+                    seq.first_token_at = t_end
                 if seq.pooling:
                     self._finish_pooling(seq, t_end)
                 else:
@@ -243,6 +308,7 @@ class Scheduler:
         seq.done = True
         seq.finished_at = t_end
         self.running.remove(seq)
+        self.kv.release(seq)
 
     def _emit(self, seq: Sequence, n: int, t_end: float) -> None:
         n = min(n, seq.output_tokens - seq.generated)
@@ -252,3 +318,4 @@ class Scheduler:
             seq.done = True
             seq.finished_at = t_end
             self.running.remove(seq)
+            self.kv.release(seq)

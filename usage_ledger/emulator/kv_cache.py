@@ -1,0 +1,54 @@
+"""vLLM's KV block pool reduced to counts: how many blocks each running sequence holds.
+
+A sequence holds `ceil(tokens / block_size)` blocks for the tokens whose KV it keeps (prompt
+and generated tokens, plus the slots of the step being computed); blocks only grow while it
+runs and all go back to the pool when it finishes, is aborted or is preempted. With prefix
+caching off (the seed's setting) nothing outlives its request, so `usage` is what vLLM's
+`vllm:kv_cache_usage_perc` reports: the share of the pool the running requests hold.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+__all__ = ("BlockHolder", "KVBlockPool")
+
+
+class BlockHolder(Protocol):
+    blocks: int
+
+
+class KVBlockPool:
+    __slots__ = ("block_size", "num_blocks", "used")
+
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.used = 0
+
+    @property
+    def free(self) -> int:
+        return self.num_blocks - self.used
+
+    @property
+    def usage(self) -> float:
+        """Share of the pool held by sequences, 0..1."""
+        return self.used / self.num_blocks
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def reserve(self, holder: BlockHolder, tokens: int) -> bool:
+        """Grow `holder` to hold `tokens`; False (nothing changed) when the pool lacks the blocks."""
+        need = self.blocks_for(tokens) - holder.blocks
+        if need <= 0:
+            return True
+        if need > self.free:
+            return False
+        holder.blocks += need
+        self.used += need
+        return True
+
+    def release(self, holder: BlockHolder) -> None:
+        self.used -= holder.blocks
+        holder.blocks = 0
