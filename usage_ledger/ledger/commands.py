@@ -1,4 +1,5 @@
-"""`ledger` subcommands of the ledger package: db upgrade, verify, events tail, spool replay, redact."""
+"""`ledger` subcommands of the ledger package: db upgrade, verify, keygen, checkpoint, events tail, spool
+replay, redact."""
 
 from __future__ import annotations
 
@@ -8,12 +9,22 @@ import os
 import re
 import sys
 from collections.abc import Callable, Coroutine
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from usage_ledger.ledger.append import append_events, translate_db_error
 from usage_ledger.ledger.blobs import blob_redacted_at, redact_blob
+from usage_ledger.ledger.checkpoint import (
+    generate_key,
+    load_signing_key,
+    load_verifier_key,
+    sign_checkpoint,
+    write_key_files,
+)
+from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import BlobNotFound, ConfigError, LedgerError
 from usage_ledger.ledger.events import BlobRedacted, new_event
@@ -22,7 +33,8 @@ from usage_ledger.ledger.migrate import require_head, upgrade_database
 from usage_ledger.ledger.read import follow_events, iter_events
 from usage_ledger.ledger.settings import Settings, load_settings
 from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.verify import verify_chain
+from usage_ledger.ledger.verify import CLOCK_SKEW
+from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
 from usage_ledger.ledger.writer import replay_spool
 
 __all__ = ("add_db_option", "open_checked", "register", "run_command", "settings_from_args")
@@ -58,13 +70,43 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_db_option(upgrade)
     upgrade.set_defaults(func=_db_upgrade)
 
-    verify = sub.add_parser("verify", help="recompute the hash chain; exit 0 only if intact")
+    verify = sub.add_parser(
+        "verify", help="recompute the hash chain, check every blob and checkpoint; exit 0 only if intact"
+    )
     add_db_option(verify)
     verify.add_argument(
         "--expect-head", metavar="POSITION:HASH", help="also require this head (an anchor kept elsewhere)"
     )
+    verify.add_argument(
+        "--checkpoint",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a signed checkpoint (or a directory of them) the ledger must contain; repeatable",
+    )
+    verify.add_argument("--pubkey", metavar="FILE", help="the verifier key (FILE.pub from `ledger keygen`)")
+    verify.add_argument(
+        "--clock-skew-s",
+        type=float,
+        default=CLOCK_SKEW.total_seconds(),
+        help="how far recorded_at may run behind an earlier row or its occurred_at (default %(default)g)",
+    )
     verify.add_argument("--format", choices=("text", "json"), default="text")
     verify.set_defaults(func=_verify)
+
+    keygen = sub.add_parser("keygen", help="make an Ed25519 checkpoint key: FILE (secret, 0600) and FILE.pub")
+    keygen.add_argument("--out", required=True, metavar="FILE")
+    keygen.add_argument("--name", default="usage-ledger", help="the key name in signatures (default %(default)s)")
+    keygen.set_defaults(func=_keygen)
+
+    checkpoint = sub.add_parser("checkpoint", help="verify the chain, then sign a checkpoint of its head")
+    add_db_option(checkpoint)
+    checkpoint.add_argument("--key", required=True, metavar="FILE", help="the private key from `ledger keygen`")
+    checkpoint.add_argument("--out", required=True, metavar="FILE")
+    checkpoint.add_argument(
+        "--origin", dest="checkpoint_origin", help="origin line (else LEDGER_CHECKPOINT_ORIGIN, else derived)"
+    )
+    checkpoint.set_defaults(func=_checkpoint)
 
     events = sub.add_parser("events", help="read raw events")
     events_sub = events.add_subparsers(dest="events_command", metavar="ACTION", required=True)
@@ -121,21 +163,92 @@ def _verify(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
         anchor = _parse_anchor(args.expect_head) if args.expect_head else None
+        if bool(args.checkpoint) != bool(args.pubkey):
+            raise ConfigError("--checkpoint and --pubkey go together: the key verifies the checkpoints' signatures")
+        if args.clock_skew_s < 0:
+            raise ConfigError("--clock-skew-s must not be negative")
+        verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
+        notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
         database = await open_checked(settings)
         try:
-            report = await verify_chain(database, expect_head=anchor)
+            report = await verify_ledger(
+                database,
+                expect_head=anchor,
+                checkpoints=notes,
+                verifier=verifier,
+                origin=settings.checkpoint_origin,
+                clock_skew=timedelta(seconds=args.clock_skew_s),
+            )
+        except LedgerError:
+            raise
         except Exception as exc:
             raise translate_db_error(exc, database) from exc
         finally:
             await database.dispose()
         if args.format == "json":
             sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
-        elif report.ok:
-            print(f"chain intact: {report.checked} events, head {report.head_position} {report.head_hash}")
         else:
-            print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}")
-            print(f"({report.checked} events verified before it)")
+            _print_report(report)
         return 0 if report.ok else 1
+
+    return run_command(main)
+
+
+def _print_report(report: LedgerReport) -> None:
+    if report.chain_ok:
+        print(f"chain intact: {report.checked} events, head {report.head_position} {report.head_hash}")
+    else:
+        print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}")
+        print(f"({report.checked} events verified before it)")
+    if report.blobs is None:
+        print("blobs not checked: the chain is broken")
+    elif report.blobs.ok:
+        print(f"blobs intact: {report.blobs.checked} stored, {report.blobs.referenced} referenced")
+    else:
+        print(f"blobs BROKEN: {report.blobs.problems_total} problems in {report.blobs.checked} stored blobs")
+        for problem in report.blobs.problems:
+            where = f" (position {problem.position})" if problem.position is not None else ""
+            print(f"  blob {problem.hash}{where}: {problem.problem}")
+    for check in report.checkpoints:
+        if check.ok:
+            print(f"checkpoint {check.source}: the ledger contains its head at size {check.size}")
+        else:
+            print(f"checkpoint {check.source} FAILED: {check.problem}")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        path = Path(args.out)
+        pub = write_key_files(generate_key(args.name), path)
+        print(f"private key {path} (keep it secret), verifier key {pub}")
+        return 0
+
+    return run_command(main)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args, "checkpoint_origin")
+        key = load_signing_key(Path(args.key))
+        database = await open_checked(settings)
+        try:
+            conn = await snapshot(database)
+            try:
+                report, checkpoint = await chain_head(conn, settings.checkpoint_origin)
+            finally:
+                await conn.close()
+        except LedgerError:
+            raise
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+        finally:
+            await database.dispose()
+        if checkpoint is None:
+            print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}; nothing signed")
+            return 1
+        write_checkpoint_file(Path(args.out), sign_checkpoint(checkpoint, key))
+        print(f"checkpoint {args.out}: {checkpoint.origin} size {checkpoint.size} head {checkpoint.head_hash}")
+        return 0
 
     return run_command(main)
 
