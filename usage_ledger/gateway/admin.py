@@ -21,7 +21,7 @@ import msgspec
 from litestar import Litestar, Response, Router, get
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
-from litestar.exceptions import NotAuthorizedException, NotFoundException
+from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
@@ -33,11 +33,11 @@ from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.writer import EventWriter
 
-__all__ = ("CallEvent", "CallEvents", "admin_guard", "create_admin_app")
+__all__ = ("CallEvent", "CallEvents", "admin_guard", "call_events", "create_admin_app")
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -76,8 +76,10 @@ def admin_guard(token: str | None) -> Any:
     return guard
 
 
-@get("/calls/{call_id:str}/events", summary="The ledger events of one call")
-async def get_call(call_id: FromPath[str], database: NamedDependency[Database]) -> CallEvents:
+async def call_events(call_id: FromPath[str], database: NamedDependency[Database]) -> CallEvents:
+    """The ledger events of one call (404 if it has none)."""
+    if "\x00" in call_id and database.backend == "postgresql":  # its stream column cannot hold NUL: no such call
+        raise NotFoundException(f"no call {call_id!r} in the ledger")
     query = (
         select(events.c.position, events.c.type, events.c.occurred_at, events.c.recorded_at, events.c.payload)
         .where(events.c.stream == f"call-{call_id}")
@@ -105,6 +107,11 @@ def create_admin_app(
     api_routers: Sequence[Router] = (),
 ) -> Litestar:
     guard = admin_guard(settings.admin_token)
+    # what the schema promises besides 200: 401 from the guard when a token is set, 404 for no such call
+    guarded: list[type[HTTPException]] = [NotAuthorizedException] if settings.admin_token else []
+    get_call = get(
+        "/calls/{call_id:str}/events", summary="The ledger events of one call", raises=[*guarded, NotFoundException]
+    )(call_events)
 
     @get("/_ledger/health", summary="Liveness and the writer's state", include_in_schema=False)
     async def health() -> Health:
@@ -136,7 +143,8 @@ def create_admin_app(
         version="1",
         path="/_ledger/api/schema",
         render_plugins=[JsonRenderPlugin()],
-        openapi_router=Router(path="/_ledger/api/schema", route_handlers=[], guards=[guard]),
+        # the schema's own routes are not API operations: left out of it
+        openapi_router=Router(path="/_ledger/api/schema", route_handlers=[], guards=[guard], include_in_schema=False),
         components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
         security=[{"bearer": []}] if settings.admin_token else None,
     )

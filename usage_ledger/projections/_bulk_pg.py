@@ -8,7 +8,8 @@
 `json_to_record` reads every field a statement needs in one pass over the payload text (no
 `::jsonb` of whole payloads). Values as `fold_call` computes them, with the same rules as the
 SQLite statements (`_bulk_sqlite`): timestamps only in the two shapes msgspec writes for UTC,
-tags only when their stored JSON is canonical, durations exact (`EXTRACT(EPOCH …)` is numeric).
+tags only when their stored JSON is canonical, durations exact (`EXTRACT(EPOCH …)` is numeric),
+no payload holding a `\\u0000` escape.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ __all__ = ("PG_STATEMENTS",)
 
 def _ts(v: str) -> str:
     return f"(CASE WHEN {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z' THEN {v}::timestamptz END)"
+
+
+# A payload holding the JSON escape of U+0000: PostgreSQL's JSON functions refuse to parse it at all
+# ("unsupported Unicode escape sequence"). Such an event is never plain — the Python fold gives
+# its row under the one rule of `projections.text` — and only its call id is read here, from the
+# payload with each real `\u0000` escape (one not itself escaped, as in `\\u0000`) neutralised.
+_CLEAN = r"strpos({p}, '\u0000') = 0"
+_CALL_ID_ONLY = (
+    r"json_build_object('call_id', "
+    r"regexp_replace({p}, '(?<!\\)((\\\\)*)\\u0000', '\1\\ufffd', 'g')::json ->> 'call_id')"
+)
+
+
+def _parsed(p: str) -> str:
+    """The payload `p` as json for `json_to_record`: whole when it has no NUL escape, else its call id alone."""
+    return f"(CASE WHEN {_CLEAN.format(p=p)} THEN {p}::json ELSE {_CALL_ID_ONLY.format(p=p)} END)"
 
 
 def _shape(v: str) -> str:
@@ -32,8 +49,8 @@ SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.started' AS started, 
             WHEN json_typeof(r.tags) = 'object' AND strpos(r.tags::text, '\\') = 0 THEN r.tags::text END AS tags,
        {_ts("r.received_at")} AS started_at
 FROM ledger_events e,
-     json_to_record(e.payload::json) AS r(call_id text, run text, tags json, model text, request_blob text,
-                                          received_at text)
+     json_to_record({_parsed("e.payload")}) AS r(call_id text, run text, tags json, model text,
+                                                 request_blob text, received_at text)
 WHERE e.position <= :head AND e.type IN ('call.started', 'call.imported', 'call.retagged')
 """
 
@@ -43,18 +60,18 @@ SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, pro
        {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
        COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
        {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
-       AND {_shape("t_finished")} AS valid
+       AND {_shape("t_finished")} AND clean AS valid
 FROM (
   SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.finished' AS finished,
          (CASE WHEN e.type = 'call.finished' THEN r.status ELSE r.client_status END)::bigint AS http_status,
          CASE WHEN e.type = 'call.failed' THEN r.reason END AS reason, r.response_blob, r.usage_source,
          u.prompt_tokens AS prompt, u.completion_tokens AS completion, u.cached_tokens AS cached,
          t.received AS t_received, t.upstream_headers AS t_headers, t.first_token AS t_first, t.last_token AS t_last,
-         t.finished AS t_finished
+         t.finished AS t_finished, {_CLEAN.format(p="e.payload")} AS clean
   FROM ledger_events e
-  CROSS JOIN LATERAL json_to_record(e.payload::json) AS r(call_id text, status text, client_status text, reason text,
-                                                          response_blob text, usage_source text, usage json,
-                                                          timings json)
+  CROSS JOIN LATERAL json_to_record({_parsed("e.payload")}) AS r(call_id text, status text, client_status text,
+                                                               reason text, response_blob text, usage_source text,
+                                                               usage json, timings json)
   LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint, cached_tokens bigint)
     ON true
   LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,

@@ -21,7 +21,7 @@ Values, exactly as `fold_call` computes them for a plain call: timestamps only i
 msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy stores them on SQLite
 (`YYYY-MM-DD HH:MM:SS.ffffff`); durations as integer microseconds / 10⁶ like
 `timedelta.total_seconds()`; tags only when their stored JSON is already canonical (sorted by
-`encode_event`, nothing escaped).
+`encode_event`, nothing escaped); no payload holding a `\\u0000` escape.
 """
 
 from __future__ import annotations
@@ -55,6 +55,10 @@ def _j(path: str) -> str:
     return f"payload ->> '$.{path}'"
 
 
+# A payload holding the JSON escape of U+0000 is never plain: the Python fold gives its row under the
+# one rule of `projections.text` (as on PostgreSQL, whose JSON functions cannot parse it at all).
+_CLEAN = r"instr(payload, '\u0000') = 0 AS clean"
+
 NOTE_FUNCTION = "rebuild_note"
 """A function of one argument, the position, that the scanning connection must define; always true."""
 NOTE_EVERY = 1024
@@ -69,9 +73,9 @@ SELECT cid, pos, started, run, ticker, model, request_blob, tags, started_at, {_
 FROM (
   SELECT cid, pos, started, run, ticker, model, request_blob,
          CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_type = 'object' AND instr(tags, '\\') = 0 THEN tags END AS tags,
-         {_ts("received_at")} AS started_at
+         CASE WHEN clean THEN {_ts("received_at")} END AS started_at
   FROM (
-    SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.started' AS started,
+    SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.started' AS started, {_CLEAN},
            {_j("run")} AS run, {_j("tags.ticker")} AS ticker, {_j("tags")} AS tags,
            json_type(payload, '$.tags') AS tags_type, {_j("model")} AS model,
            {_j("request_blob")} AS request_blob, {_j("received_at")} AS received_at
@@ -89,15 +93,15 @@ _TIMES = ("received", "headers", "first", "last", "finished")
 ENDS_SELECT = f"""
 SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
        ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
-       {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AS valid,
+       {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AND clean AS valid,
        {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
 FROM (
   SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
   FROM (
-    SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+    SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, clean,
            {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
     FROM (
-      SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished,
+      SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished, {_CLEAN},
              CASE WHEN type = 'call.finished' THEN {_j("status")}
                   ELSE {_j("client_status")} END AS http_status,
              CASE WHEN type = 'call.failed' THEN {_j("reason")} END AS reason,

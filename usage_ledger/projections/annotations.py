@@ -17,6 +17,7 @@ from usage_ledger.ledger.schema import events, sqlite_bind
 from usage_ledger.ledger.sqlite_append import SqliteWrite
 from usage_ledger.projections._slim import decode_slim
 from usage_ledger.projections.tables import annotations_table
+from usage_ledger.projections.text import projection_tags, projection_text_or_none
 
 __all__ = ("Annotation", "AnnotationsProjection", "labels_for_run", "load_annotations")
 
@@ -62,10 +63,10 @@ class AnnotationsProjection:
                 {
                     "version": version,
                     "position": position,
-                    "run": ev.run,
+                    "run": projection_text_or_none(ev.run),  # the rule of `projections.text`, as on calls
                     "start_at": ev.start,
                     "end_at": ev.end,
-                    "labels": _labels_encoder.encode(ev.labels).decode(),
+                    "labels": _labels_encoder.encode(projection_tags(ev.labels)).decode(),
                 }
             )
         return rows

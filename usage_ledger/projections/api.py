@@ -3,63 +3,97 @@
 Handlers are thin: they call the same report functions as the CLI, with `refresh=False` because
 `follow_projections` keeps the projections current inside `ledger serve`. The gateway mounts
 these routers under `/_ledger/api` behind its auth guard.
+
+The OpenAPI schema says exactly what is accepted (bounds of `offset` and `limit`, the known
+formulas and time zones) and every answer: 400 (a parameter out of range or unknown), 404 (no such
+run or call), 401 (when an admin token is set); errors are Litestar's `{status_code, detail}`.
+A `run` filter is read under the rule of `projections.text`, as the rows were written.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import zoneinfo
+from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get
-from litestar.params import FromPath, FromQuery
+from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
+from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.callviews import calls_page, get_call
 from usage_ledger.projections.errors import NotFound, ProjectionError
+from usage_ledger.projections.formulas import FORMULAS
 from usage_ledger.projections.reports import daily_report, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
+from usage_ledger.projections.text import projection_text_or_none
 
-__all__ = ("build_api_routers",)
+__all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers")
+
+MAX_LIMIT = 1000
+"""Calls per page at most (`limit` 1..MAX_LIMIT, default 100)."""
+MAX_OFFSET = 10**12
+"""`offset` 0..MAX_OFFSET: far past any ledger, and `offset + limit` always fits a 64-bit integer."""
+
+Run = Annotated[str | None, QueryParameter(description="a run name (`X-Ledger-Run`, or `auto-…` from `/runs`)")]
+Formula = Annotated[
+    str | None, QueryParameter(description="a throughput formula", schema_extra={"enum": sorted(FORMULAS)})
+]
+Zone = Annotated[
+    str | None,
+    QueryParameter(
+        description="an IANA time zone (default: the gateway's LEDGER_TZ)",
+        schema_extra={"enum": sorted(zoneinfo.available_timezones())},
+    ),
+]
+Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls to skip, 0..{MAX_OFFSET}")]
+Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
 
 
-def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, str]]:
+def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     status = HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else HTTP_400_BAD_REQUEST
-    return Response({"error": str(exc)}, status_code=status)
+    return Response({"status_code": status, "detail": str(exc)}, status_code=status)
 
 
 def build_api_routers(database: Database, settings: Settings | None = None) -> list[Router]:
     """Routers for the projections read API, bound to `database`."""
     settings = settings or Settings()
     gap = settings.run_gap_s
+    # the gateway's guard answers 401 on these routes when a token is set: the schema says so
+    guarded: list[type[HTTPException]] = [NotAuthorizedException] if settings.admin_token else []
+    may_miss = [*guarded, NotFoundException]
 
-    @get("/runs")
-    async def runs(formula: FromQuery[str | None] = None, run: FromQuery[str | None] = None) -> list[RunRow]:
+    @get("/runs", raises=may_miss)
+    async def runs(formula: Formula = None, run: Run = None) -> list[RunRow]:
+        run = projection_text_or_none(run)
         return await runs_report(database, formula=formula, run=run, run_gap_s=gap, refresh=False)
 
-    @get("/tickers")
-    async def tickers(run: FromQuery[str | None] = None) -> list[TickerRow]:
+    @get("/tickers", raises=may_miss)
+    async def tickers(run: Run = None) -> list[TickerRow]:
+        run = projection_text_or_none(run)
         return await tickers_report(database, run=run, run_gap_s=gap, refresh=False)
 
-    @get("/daily")
-    async def daily(tz: FromQuery[str | None] = None, run: FromQuery[str | None] = None) -> list[DailyRow]:
-        return await daily_report(database, tz=tz or settings.tz, run=run, run_gap_s=gap, refresh=False)
+    @get("/daily", raises=may_miss)
+    async def daily(tz: Zone = None, run: Run = None) -> list[DailyRow]:
+        run = projection_text_or_none(run)
+        return await daily_report(database, tz=settings.tz if tz is None else tz, run=run, run_gap_s=gap, refresh=False)
 
-    @get("/daily/weekday-mean")
-    async def daily_weekday_mean(
-        tz: FromQuery[str | None] = None, run: FromQuery[str | None] = None
-    ) -> list[WeekdayRow]:
-        rows = await daily_report(database, tz=tz or settings.tz, run=run, run_gap_s=gap, refresh=False)
+    @get("/daily/weekday-mean", raises=may_miss)
+    async def daily_weekday_mean(tz: Zone = None, run: Run = None) -> list[WeekdayRow]:
+        run = projection_text_or_none(run)
+        rows = await daily_report(database, tz=settings.tz if tz is None else tz, run=run, run_gap_s=gap, refresh=False)
         return weekday_mean(rows)
 
-    @get("/calls")
-    async def calls(
-        run: FromQuery[str | None] = None, offset: FromQuery[int] = 0, limit: FromQuery[int] = 100
-    ) -> CallsPage:
+    @get("/calls", raises=may_miss)
+    async def calls(run: Run = None, offset: Offset = 0, limit: Limit = 100) -> CallsPage:
+        run = projection_text_or_none(run)
         return await calls_page(database, run=run, offset=offset, limit=limit, run_gap_s=gap, refresh=False)
 
-    @get("/calls/{call_id:str}")
+    @get("/calls/{call_id:str}", raises=may_miss)
     async def call(call_id: FromPath[str]) -> CallView:
+        if "\x00" in call_id and database.backend == "postgresql":  # its ledger cannot hold such an id
+            raise NotFound(f"no call {call_id!r} in the ledger")
         return await get_call(database, call_id, refresh=False)
 
     return [

@@ -34,6 +34,7 @@ from usage_ledger.projections._digest_lines import encode_page
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted, decode_slim
 from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
 from usage_ledger.projections.tables import calls
+from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
 __all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "decode_rate_note", "fold_call", "rows_digest")
 
@@ -177,22 +178,25 @@ def _finish(row: Row, ev: SFinished | SFailed) -> None:
 
 def fold_call(row: Row | None, ev: Any, version: int, position: int) -> Row | None:
     """Apply one slim call event to a call's row (None = no row yet); returns the new row."""
+    # client text through the one rule of `projections.text` (U+0000 → U+FFFD); call ids as they are
     if isinstance(ev, SStarted):
         row = _blank(version, ev.call_id, ev.received_at)
-        row["run"] = ev.run
-        row["tags"] = _tags_encoder.encode(ev.tags).decode()
-        row["ticker"] = ev.tags.get("ticker")
-        row["model"] = ev.model
+        tags = projection_tags(ev.tags)
+        row["run"] = projection_text_or_none(ev.run)
+        row["tags"] = _tags_encoder.encode(tags).decode()
+        row["ticker"] = tags.get("ticker")
+        row["model"] = projection_text_or_none(ev.model)
         row["request_blob"] = ev.request_blob
     elif isinstance(ev, CallImported):
         row = _blank(version, ev.call_id, ev.started_at)
+        tags = projection_tags(ev.tags)
         row.update(
-            run=ev.run,
-            tags=_tags_encoder.encode(ev.tags).decode(),
-            ticker=ev.tags.get("ticker"),
-            model=ev.model,
+            run=projection_text_or_none(ev.run),
+            tags=_tags_encoder.encode(tags).decode(),
+            ticker=tags.get("ticker"),
+            model=projection_text_or_none(ev.model),
             origin="import",
-            source=f"{ev.source}:{ev.line}",
+            source=projection_text(f"{ev.source}:{ev.line}"),
             status=ev.status,
             usage_source="imported",
             ended_at=ev.finished_at,
@@ -210,10 +214,10 @@ def fold_call(row: Row | None, ev: Any, version: int, position: int) -> Row | No
         if row is None:
             return None
         if ev.run is not None:
-            row["run"] = ev.run
+            row["run"] = projection_text(ev.run)
         tags = _tags_decoder.decode(row["tags"])
-        tags.update(ev.tags)
-        for name in ev.removed_tags:
+        tags.update(projection_tags(ev.tags))
+        for name in map(projection_text, ev.removed_tags):
             tags.pop(name, None)
         row["tags"] = _tags_encoder.encode(tags).decode()
         row["ticker"] = tags.get("ticker")
