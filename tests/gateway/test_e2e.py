@@ -88,7 +88,7 @@ async def test_sdk_streams_and_calls_are_recorded(gateway: Process, emulator: Pr
     finished = [e for e in events if isinstance(e, CallFinished)]
     assert len(started) == len(finished) == 8
     assert {e.run for e in started} == {"e2e"} and all(e.tags == {"ticker": "T1"} for e in started)
-    assert all(dict(e.request_headers)["authorization"].startswith("sha256:") for e in started)
+    assert all(dict(e.request_headers)["authorization"].startswith("hmac-sha256:") for e in started)
     streamed = sorted((e for e in finished if e.usage_source == "injected"), key=lambda e: e.usage.completion_tokens)  # type: ignore[union-attr]
     assert [e.usage.completion_tokens for e in streamed] == [20 + i for i in range(6)]  # type: ignore[union-attr]
     assert all(e.timings.first_token is not None for e in streamed)

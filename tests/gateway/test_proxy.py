@@ -39,7 +39,9 @@ async def test_non_stream_bytes_and_events(rig: Rig) -> None:
     assert started.model == "m" and started.sampling.max_tokens == 3 and started.sampling.temperature == 0.8
     assert started.query == "x=1" and not started.stream
     recorded = dict(started.request_headers)
-    assert recorded["authorization"].startswith("sha256:") and "sk-secret" not in json.dumps(started.request_headers)
+    assert recorded["authorization"].startswith("hmac-sha256:") and "sk-secret" not in json.dumps(
+        started.request_headers
+    )
     assert finished.status == 200 and finished.usage is not None and finished.usage.completion_tokens == 3
     assert finished.usage_source == "reported" and finished.finish_reasons == ["stop"]
     assert finished.upstream_request_id == "req-abc"

@@ -1,14 +1,18 @@
-"""Secrets: API keys and bearer tokens never reach the database, the spool or the logs; the admin API
-refuses requests without its token and survives schemathesis (no 5xx) with it.
+"""Secrets: API keys (in headers and in the query string) and bearer tokens never reach the database,
+the spool or the logs; their fingerprints are keyed by the installation's key file (0600, outside
+the database); the admin API refuses requests without its token and survives schemathesis with it.
 
 Scanned: the raw bytes of the SQLite file and its WAL, every blob decompressed, the spool file
 while it holds an outage's events (SQLite made immutable with `chattr +i` for that part), and the
-gateway's stdout+stderr. On PostgreSQL every row of every ledger table is dumped as text.
+gateway's stdout+stderr. On PostgreSQL every row of every ledger table is dumped as text. The
+fingerprint key itself is among the needles: it must not be in any of them either.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -20,7 +24,8 @@ from sqlalchemy.engine import make_url
 
 from tests.gateway import processes
 from tests.gateway.processes import Process
-from tests.reliability.helpers import chat_body, raw_call, read_ledger
+from tests.reliability.helpers import Ledger, chat_body, raw_call, read_ledger
+from usage_ledger.gateway.fingerprint_key import DEFAULT_KEY_FILE_NAME, FingerprintKey
 
 pytestmark = pytest.mark.slow
 
@@ -29,20 +34,46 @@ SECRETS = {
     "api-key": "azure-k3y-7f3b9c1d2e4a5b6c7d8e9f00",
     "x-api-key": "anthr0pic-k3y-00aa11bb22cc33dd44ee",
 }
+QUERY_SECRET = "sk-qu3ry-k3y-5a4b3c2d1e0f9a8b7c6d"
+QUERY = {"api_key": QUERY_SECRET, "api-version": "2024-06-01"}
+"""Sent as `?api_key=…&api-version=2024-06-01` on every call."""
 ADMIN_TOKEN = "adm1n-t0ken-9f8e7d6c5b4a"
-NEEDLES = [s.split()[-1].encode() for s in SECRETS.values()] + [ADMIN_TOKEN.encode()]
+NEEDLES = [s.split()[-1].encode() for s in SECRETS.values()] + [ADMIN_TOKEN.encode(), QUERY_SECRET.encode()]
 
 
-def _leaks(data: bytes) -> list[bytes]:
-    return [needle for needle in NEEDLES if needle in data]
+def _leaks(data: bytes, *extra: bytes) -> list[bytes]:
+    return [needle for needle in [*NEEDLES, *extra] if needle in data]
 
 
-async def _calls(url: str, n: int, tag: str) -> None:
-    async with httpx.AsyncClient(timeout=30) as http:
+async def _calls(url: str, n: int, tag: str, headers: dict[str, str] | None = None) -> None:
+    async with httpx.AsyncClient(timeout=30, params=QUERY) as http:
         outcomes = await asyncio.gather(
-            *(raw_call(http, url, chat_body(f"{tag} {i}", max_tokens=8, stream=i % 2 == 0), SECRETS) for i in range(n))
+            *(
+                raw_call(http, url, chat_body(f"{tag} {i}", max_tokens=8, stream=i % 2 == 0), SECRETS | (headers or {}))
+                for i in range(n)
+            )
         )
     assert all(o.status == 200 and o.complete for o in outcomes)
+
+
+def _installation_key(directory: Path) -> tuple[FingerprintKey, list[bytes]]:
+    """The key file `ledger serve` created beside its spool (checked 0600), and its forms to scan for."""
+    path = directory / DEFAULT_KEY_FILE_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    text = path.read_bytes().strip()
+    raw = bytes.fromhex(text.decode())
+    return FingerprintKey(raw), [text, raw]
+
+
+def _assert_keyed(ledger: Ledger, key: FingerprintKey) -> None:
+    """Every recorded secret is the installation key's fingerprint; everything else of the query is as sent."""
+    expected_query = f"api_key={key.fingerprint(QUERY_SECRET.encode())}&api-version=2024-06-01"
+    for started in ledger.started.values():
+        assert started.query == expected_query
+        recorded = dict(started.request_headers)
+        assert {name: recorded[name] for name in SECRETS} == {
+            name: key.fingerprint(value.encode()) for name, value in SECRETS.items()
+        }
 
 
 def _gateway(tmp_path: Path, emulator: Process, db_url: str) -> Process:
@@ -81,16 +112,16 @@ async def test_no_secret_in_sqlite_spool_or_logs(emulator: Process, tmp_path: Pa
     # retry interval once left the outage's events in the spool until the next start)
     assert spool.stat().st_size == 0
     assert len(ledger.finished) == (34 if spooled else 20)
-    # the recorded headers hold fingerprints, and the upstream did get the real values
-    started = next(iter(ledger.started.values()))
-    recorded = dict(started.request_headers)
-    assert all(recorded[name].startswith("sha256:") for name in SECRETS)
+    # the recorded headers and query hold fingerprints under this installation's key
+    key, key_forms = _installation_key(tmp_path)
+    _assert_keyed(ledger, key)
     scanned = {"db": db_file.read_bytes(), "spool": spooled, "log": gw.log_path.read_bytes()}
     wal = db_file.with_name("ledger.db-wal")
     if wal.exists():
         scanned["wal"] = wal.read_bytes()
     scanned["blobs"] = b"".join(_blob_contents_sqlite(db_file))
-    assert {name: _leaks(data) for name, data in scanned.items() if _leaks(data)} == {}
+    leaks = {name: _leaks(data, *key_forms) for name, data in scanned.items()}
+    assert {name: found for name, found in leaks.items() if found} == {}
     assert not spooled or len(spooled) > 1000, "the outage part did not spool"
     print(f"\nSECRETS sqlite: scanned bytes={ {k: len(v) for k, v in scanned.items()} } leaks=0")
 
@@ -136,12 +167,19 @@ async def test_no_secret_in_postgresql(emulator: Process, fresh_pg_url: str, tmp
     finally:
         await conn.close()
     assert len(dump) > 10_000 and "ledger_events" in tables
-    assert _leaks(dump) == [] and _leaks(b"".join(blobs)) == [] and _leaks(gw.log_path.read_bytes()) == []
+    key, key_forms = _installation_key(tmp_path)
+    _assert_keyed(await read_ledger(fresh_pg_url), key)
+    assert _leaks(dump, *key_forms) == [] and _leaks(b"".join(blobs), *key_forms) == []
+    assert _leaks(gw.log_path.read_bytes(), *key_forms) == []
     print(f"\nSECRETS postgresql: tables={len(tables)} dumped bytes={len(dump)} blobs={len(blobs)} leaks=0")
 
 
-async def test_admin_api_needs_the_token_and_survives_schemathesis(emulator: Process, tmp_path: Path) -> None:
-    db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
+async def test_admin_api_needs_the_token_and_survives_schemathesis(
+    emulator: Process, backend_url: str, tmp_path: Path
+) -> None:
+    """Every check of schemathesis (no 5xx, status codes, content types and bodies as the schema says),
+    on both backends: NUL bytes and huge numbers in parameters reach PostgreSQL only through the rule."""
+    db_url = backend_url
     processes.upgrade(db_url)
     gw = _gateway(tmp_path, emulator, db_url)
     await asyncio.to_thread(gw.start)
@@ -170,7 +208,9 @@ async def test_admin_api_needs_the_token_and_survives_schemathesis(emulator: Pro
                 "-H",
                 f"Authorization: Bearer {ADMIN_TOKEN}",
                 "--checks",
-                "not_a_server_error",
+                "all",
+                "--generation-allow-x00",
+                "true",
                 "--max-examples",
                 "25",
                 "--seed",
@@ -188,3 +228,52 @@ async def test_admin_api_needs_the_token_and_survives_schemathesis(emulator: Pro
     finally:
         await asyncio.to_thread(gw.stop)
     assert _leaks(gw.log_path.read_bytes()) == []
+
+
+async def test_fingerprints_are_keyed_per_installation(emulator: Process, backend_url: str, tmp_path: Path) -> None:
+    """One database, three gateways in turn: A and B each create their own key file; C is A's replica
+    (LEDGER_FINGERPRINT_KEY_FILE = A's file). The same secrets: A and C agree, B differs. A configured
+    key file that is missing stops `ledger serve` with exit 2, and nothing is created in its place."""
+    processes.upgrade(backend_url)
+    shared = tmp_path / "a" / DEFAULT_KEY_FILE_NAME
+    logs = b""
+    for name, env in (("a", {}), ("b", {}), ("c", {"LEDGER_FINGERPRINT_KEY_FILE": str(shared)})):
+        (tmp_path / name).mkdir()
+        gw = processes.gateway(tmp_path / name, emulator.url, backend_url, env=env)  # type: ignore[attr-defined]
+        await asyncio.to_thread(gw.start)
+        try:
+            await _calls(gw.url, 2, name, {"x-ledger-run": name})  # type: ignore[attr-defined]
+        finally:
+            await asyncio.to_thread(gw.stop)
+        logs += gw.log_path.read_bytes()
+    assert not (tmp_path / "c" / DEFAULT_KEY_FILE_NAME).exists()  # the replica used the configured file
+    ledger = await read_ledger(backend_url)
+    by_run = {
+        run: {
+            (s.query, *(dict(s.request_headers)[h] for h in SECRETS)) for s in ledger.started.values() if s.run == run
+        }
+        for run in ("a", "b", "c")
+    }
+    assert all(len(recorded) == 1 for recorded in by_run.values()), by_run  # equal secrets, equal fingerprints
+    assert by_run["a"] == by_run["c"] != by_run["b"]
+    (key_a, forms_a), (key_b, forms_b) = _installation_key(tmp_path / "a"), _installation_key(tmp_path / "b")
+    assert key_a.key_id != key_b.key_id
+    assert _leaks(logs, *forms_a, *forms_b) == [] and key_a.key_id.encode() in logs  # logs name the key, never show it
+    _assert_keyed(Ledger([], [], started={k: s for k, s in ledger.started.items() if s.run != "b"}), key_a)
+    _assert_keyed(Ledger([], [], started={k: s for k, s in ledger.started.items() if s.run == "b"}), key_b)
+
+    missing = tmp_path / "unmounted" / "fingerprint.key"
+    gw = processes.gateway(tmp_path, emulator.url, backend_url)  # type: ignore[attr-defined]
+    result = await asyncio.to_thread(
+        subprocess.run,
+        gw.args,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LEDGER_FINGERPRINT_KEY_FILE": str(missing)},
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"LEDGER_FINGERPRINT_KEY_FILE={missing}: no such file" in result.stderr
+    assert "Traceback" not in result.stderr and not missing.parent.exists()
+    assert not (tmp_path / DEFAULT_KEY_FILE_NAME).exists()  # no silent fallback to a default key
+    print(f"\nKEYED {backend_url.split(':')[0]}: key ids a={key_a.key_id} b={key_b.key_id}; replica c agrees with a")

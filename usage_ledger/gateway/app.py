@@ -13,6 +13,7 @@ from litestar import Litestar, Router
 
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.asgi import run_asgi
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.proxy import Proxy, Receive, Scope, Send
 from usage_ledger.gateway.recorder import Recorder
@@ -61,10 +62,15 @@ def create_app(
     writer: EventWriter,
     http_client: httpx.AsyncClient | UpstreamClient,
     api_routers: Sequence[Router] = (),
+    fingerprint_key: FingerprintKey | None = None,
 ) -> GatewayApp:
-    """Build the gateway. The caller owns `database`, `writer` and `http_client` (opens and closes them)."""
+    """Build the gateway. The caller owns `database`, `writer` and `http_client` (opens and closes them).
+
+    `fingerprint_key` is the installation's (`load_fingerprint_key`); without one a random key lives in
+    memory, so fingerprints compare only within this app's life (never a public, guessable key).
+    """
     metrics = Metrics()
     recorder = Recorder(writer, settings.durability, metrics)
-    proxy = Proxy(settings, as_upstream(http_client), recorder, metrics)
+    proxy = Proxy(settings, as_upstream(http_client), recorder, metrics, fingerprint_key=fingerprint_key)
     admin = create_admin_app(settings, database=database, writer=writer, metrics=metrics, api_routers=api_routers)
     return GatewayApp(proxy, admin, metrics)

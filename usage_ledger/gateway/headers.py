@@ -1,25 +1,25 @@
 """Request and response headers: X-Ledger-* tags, secret fingerprints, hop-by-hop filtering.
 
-Headers are ASGI pairs of lower-cased `bytes`. Nothing here logs or stores a secret: recorded
-headers carry `sha256:<12 hex>` (a keyed SHA-256) in place of credentials, enough to tell two
-keys apart, useless for recovering one.
+Headers are ASGI pairs of lower-cased `bytes`. Nothing here logs or stores a secret: a recorded
+header whose name is secret (`gateway.secrets.is_secret_name`: `authorization`, `api-key`,
+`x-api-key`, cookies, …) carries `hmac-sha256:<key id>:<16 hex>` (`gateway.fingerprint_key`)
+in place of its value, enough to tell two keys apart, useless without the installation's key.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from usage_ledger.gateway.errors import InvalidLedgerHeader
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
+from usage_ledger.gateway.secrets import is_secret_name
 
 __all__ = (
     "Header",
     "LedgerTags",
-    "fingerprint",
     "parse_ledger_headers",
     "recorded_headers",
     "response_headers",
@@ -40,21 +40,6 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-SECRET_HEADERS = frozenset(
-    {
-        b"authorization",
-        b"proxy-authorization",
-        b"api-key",
-        b"x-api-key",
-        b"cookie",
-        b"set-cookie",
-        b"x-auth-token",
-        b"x-goog-api-key",
-        b"openai-api-key",
-    }
-)
-_SECRET_WORDS = (b"auth", b"token", b"secret", b"key", b"password", b"cookie", b"session")
-_FINGERPRINT_KEY = b"usage-ledger/header-fingerprint/v1"
 
 PREFIX = b"x-ledger-"
 _TAG_PREFIX = b"x-ledger-tag-"
@@ -70,10 +55,6 @@ class LedgerTags(msgspec.Struct, frozen=True):
     tags: dict[str, str] = {}
 
 
-def fingerprint(value: bytes) -> str:
-    return "sha256:" + hmac.new(_FINGERPRINT_KEY, value, hashlib.sha256).hexdigest()[:12]
-
-
 _SECRET_NAMES: dict[bytes, bool] = {}
 _SECRET_NAMES_MAX = 4096
 
@@ -81,7 +62,7 @@ _SECRET_NAMES_MAX = 4096
 def is_secret(name: bytes) -> bool:
     known = _SECRET_NAMES.get(name)
     if known is None:
-        known = name in SECRET_HEADERS or any(word in name for word in _SECRET_WORDS)
+        known = is_secret_name(name.decode("latin-1"))
         if len(_SECRET_NAMES) < _SECRET_NAMES_MAX:  # header names repeat; a flood of new ones is not cached
             _SECRET_NAMES[name] = known
     return known
@@ -138,10 +119,10 @@ def parse_ledger_headers(headers: Iterable[Header]) -> tuple[LedgerTags, list[He
     return LedgerTags(run=run, tags=tags), forward
 
 
-def recorded_headers(headers: Iterable[Header]) -> list[tuple[str, str]]:
-    """Headers as stored in an event: secrets replaced by their fingerprint."""
+def recorded_headers(headers: Iterable[Header], key: FingerprintKey) -> list[tuple[str, str]]:
+    """Headers as stored in an event: secret values replaced by their fingerprint under `key`."""
     return [
-        (name.decode("latin-1"), fingerprint(value) if is_secret(name) else value.decode("latin-1"))
+        (name.decode("latin-1"), key.fingerprint(value) if is_secret(name) else value.decode("latin-1"))
         for name, value in headers
     ]
 
