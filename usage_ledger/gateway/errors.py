@@ -3,6 +3,8 @@
     GatewayError                 base; `status`, `kind` (OpenAI `type`), `code`, `param`
     ├── InvalidLedgerHeader      400  an X-Ledger-* header is malformed (names the header)
     ├── BodyTooLarge             413  the request body exceeds `max_body_bytes`
+    ├── RequestTimeout           408  the request head or body did not arrive in time (`gateway.limits`)
+    ├── GatewayBusy              503  at the connection cap, or the request-body budget is full
     └── UpstreamError            base of what went wrong talking to the upstream
         ├── UpstreamUnreachable  502  connection refused / DNS / connect failure
         ├── UpstreamTimeout      504  no answer (connect, headers or body) within the timeout
@@ -17,8 +19,10 @@ import msgspec
 
 __all__ = (
     "BodyTooLarge",
+    "GatewayBusy",
     "GatewayError",
     "InvalidLedgerHeader",
+    "RequestTimeout",
     "UpstreamError",
     "UpstreamReset",
     "UpstreamTimeout",
@@ -51,6 +55,18 @@ class BodyTooLarge(GatewayError):
     status = 413
     kind = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    kind = "invalid_request_error"
+    code = "request_timeout"
+
+
+class GatewayBusy(GatewayError):
+    status = 503
+    kind = "server_error"
+    code = "gateway_busy"
 
 
 class UpstreamError(GatewayError):

@@ -60,6 +60,16 @@ class Metrics:
     """Recorded calls by where their token counts came from (`ledger.events.UsageSource`)."""
     passed_through: int = 0
     """Requests proxied that are not calls (not an inference API): not recorded."""
+    connections_refused: int = 0
+    """Connections answered 503 at the connection cap (`gateway.limits`)."""
+    connections_shed: int = 0
+    """Waiting connections closed to make room at the connection cap."""
+    requests_timed_out: int = 0
+    """Requests whose head or body did not arrive in time (408)."""
+    requests_refused_busy: int = 0
+    """Requests answered 503: the request-body budget was full."""
+    response_blobs_omitted: int = 0
+    """Recorded calls whose response body was not stored (over the stored-body cap or budget)."""
     duration: Histogram = field(default_factory=Histogram)
     """Seconds from request received to call recorded, every call."""
     ttft: Histogram = field(default_factory=Histogram)
@@ -85,7 +95,17 @@ class Metrics:
             ("ledger_gateway_response_bytes_total", "counter", self.response_bytes, "Response bytes, calls."),
             ("ledger_gateway_usage_injected_total", "counter", self.usage_injected, "Streams asked for usage."),
             ("ledger_gateway_passed_through_total", "counter", self.passed_through, "Requests that are no calls."),
-            ("ledger_gateway_record_failures_total", "counter", self.record_failures, "Events lost."),
+            ("ledger_gateway_connections_refused_total", "counter", self.connections_refused, "503 at the cap."),
+            ("ledger_gateway_connections_shed_total", "counter", self.connections_shed, "Closed for room."),
+            ("ledger_gateway_requests_timed_out_total", "counter", self.requests_timed_out, "408: head or body."),
+            ("ledger_gateway_requests_refused_busy_total", "counter", self.requests_refused_busy, "503: bodies."),
+            ("ledger_gateway_response_blobs_omitted_total", "counter", self.response_blobs_omitted, "Not stored."),
+            (
+                "ledger_gateway_record_failures_total",
+                "counter",
+                self.record_failures,
+                "Calls whose final event is durable nowhere (strict: not completed to the client).",
+            ),
             ("ledger_writer_queue_depth", "gauge", queue_depth, "Event batches waiting for the writer."),
             ("ledger_writer_committed_events_total", "counter", committed, "Events committed."),
             ("ledger_writer_spooled_events_total", "counter", spooled, "Events written to the spool."),

@@ -23,7 +23,9 @@ from typing import Any
 from usage_ledger.gateway.call import Call
 from usage_ledger.gateway.client import AbortResponse, Client, json_headers
 from usage_ledger.gateway.errors import BodyTooLarge, GatewayError
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import Header, parse_ledger_headers
+from usage_ledger.gateway.limits import ByteBudget
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.recorder import Recorder
 from usage_ledger.gateway.server import Exchange, Request
@@ -82,11 +84,23 @@ class _AsgiClient(Client):
 class Proxy:
     """The ASGI callable for every path outside `/_ledger/`."""
 
-    def __init__(self, settings: Settings, upstream: UpstreamClient, recorder: Recorder, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        upstream: UpstreamClient,
+        recorder: Recorder,
+        metrics: Metrics,
+        *,
+        fingerprint_key: FingerprintKey | None = None,
+    ) -> None:
         self.settings = settings
+        self.fingerprint_key = fingerprint_key or FingerprintKey.generate()
+        """Keys the fingerprints of recorded secrets (headers, query); in-memory random one if not given."""
         self.upstream = upstream
         self.recorder = recorder
         self.metrics = metrics
+        self.stored_bytes = ByteBudget(settings.max_stored_bytes_in_flight)
+        """Response bytes all calls keep for their blobs at once (`gateway.kept`)."""
         self.upstream_url = upstream.base_url
         self.upstream_forces_usage: bool | None = settings.upstream_forces_usage
         """Whether the upstream sends usage in every stream unasked; None until a stream shows it."""

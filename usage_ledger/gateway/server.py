@@ -12,6 +12,15 @@ Content-Length or chunked (HTTP/1.0 clients: by closing). Backpressure both ways
 stops reading pauses the upstream (`Exchange.flow`), a client that sends more than one request
 ahead is not read until its turn. A malformed request gets a 400 and the connection is closed.
 
+Slow and large traffic is bounded (`gateway.limits.ServerLimits`): a request head must be complete
+within `head_timeout_s` (else 408), a body may pause at most `body_timeout_s` (else 408; the call
+was never handed over, so nothing is recorded), an idle keep-alive connection closes after
+`keepalive_idle_s`. At `max_connections` the connection that has waited longest without a
+request in progress (idle, or still sending its head) is closed to make room; if every one is
+busy the new connection gets a 503 and is closed. Request bodies held at once are bounded by
+`max_request_bytes_in_flight` (a request over it: 503). The timeouts and the cap's closing are
+`gateway.guard`'s (one lazily re-armed timer per connection, none armed or cancelled per request).
+
 `HttpServer.shutdown()` stops accepting, closes idle connections, lets requests in flight finish
 (up to a grace period), then closes the rest (their calls are recorded as client disconnects).
 """
@@ -20,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import http
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -30,12 +38,15 @@ from urllib.parse import unquote
 import httptools
 import structlog
 
-from usage_ledger.gateway.errors import BodyTooLarge, GatewayError, error_body
-from usage_ledger.gateway.headers import Header
+from usage_ledger.gateway.errors import BodyTooLarge, GatewayBusy, GatewayError, error_body
+from usage_ledger.gateway.exchange import Exchange, Request, status_line
+from usage_ledger.gateway.guard import BODY, BUSY, HEAD, IDLE, GuardedConnection
+from usage_ledger.gateway.limits import MAX_HEAD_BYTES, ByteBudget, ServerLimits
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.waiting import wait_up_to
 
 __all__ = (
-    "KEEPALIVE_TIMEOUT_S",
     "MAX_HEAD_BYTES",
     "AbortSignal",
     "Exchange",
@@ -46,165 +57,19 @@ __all__ = (
 
 log = structlog.get_logger("gateway.server")
 
-KEEPALIVE_TIMEOUT_S = 5.0
-"""An idle keep-alive connection is closed after this long (uvicorn's default)."""
-
-MAX_HEAD_BYTES = 64 * 1024
-"""Request line plus headers; more is answered 431 (httptools alone would buffer them without end)."""
-
 Handler = Callable[["Request", "Exchange"], Awaitable[None]]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_LAST_CHUNK = b"0\r\n\r\n"
-_STATUS_LINES: dict[int, bytes] = {}
+_ERROR_CODES = {400: "bad_request", 408: "request_timeout", 431: "headers_too_large", 503: "gateway_busy"}
 
 
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            phrase = http.HTTPStatus(status).phrase.encode("ascii")
-        except ValueError:
-            phrase = b""
-        line = b"HTTP/1.1 %d %s\r\n" % (status, phrase)
-        _STATUS_LINES[status] = line
-    return line
-
-
-class Request:
-    """One parsed request. `body` is complete when the handler runs."""
-
-    __slots__ = (
-        "body",
-        "complete",
-        "expect_continue",
-        "headers",
-        "http_version",
-        "keep_alive",
-        "method",
-        "parts",
-        "path",
-        "query",
-        "raw_path",
-        "received",
-        "size",
-        "too_large",
-    )
-
-    def __init__(self) -> None:
-        self.method = ""
-        self.raw_path = b""
-        self.path = ""
-        self.query = b""
-        self.headers: list[Header] = []
-        self.http_version = "1.1"
-        self.keep_alive = True
-        self.expect_continue = False
-        self.parts: list[bytes] = []
-        self.body = b""
-        self.size = 0
-        self.complete = False
-        self.too_large = False
-        self.received = 0.0
-
-
-class Exchange:
-    """The response side of one request, written straight to the connection's transport.
-
-    `start_now`, then any number of `send` (or `push` from a protocol callback), then `end_now` (or all at once: `respond_json`) — or `abort`.
-    `on_disconnect` is called once if the client goes away before the response ended.
-    """
-
-    __slots__ = ("_chunked", "_conn", "_head_only", "_hold", "ended", "keep_alive", "on_disconnect", "started")
-
-    def __init__(self, conn: HttpConnection, request: Request) -> None:
-        self._conn = conn
-        self._head_only = request.method == "HEAD"
-        self._chunked = False
-        self._hold: Callable[[bool], None] | None = None
-        self.keep_alive = request.keep_alive
-        self.started = False
-        self.ended = False
-        self.on_disconnect: Callable[[], None] | None = None
-
-    def start_now(self, status: int, headers: list[Header]) -> None:
-        """Write the status line and headers (hop-by-hop ones already removed by the caller)."""
-        conn = self._conn
-        self.started = True
-        has_length = False
-        for name, _ in headers:
-            if name == b"content-length" or name.lower() == b"content-length":
-                has_length = True
-                break
-        no_body = self._head_only or status in (204, 304) or status < 200
-        self._chunked = not has_length and not no_body and conn.http11
-        if not (has_length or self._chunked or no_body) or conn.server.closing:
-            self.keep_alive = False  # the body ends when the connection does (HTTP/1.0), or we are stopping
-        out = [_status_line(status)]
-        for name, value in headers:
-            out += (name, b": ", value, b"\r\n")
-        if self._chunked:
-            out += (b"transfer-encoding: chunked\r\n",)
-        if not self.keep_alive:
-            out += (b"connection: close\r\n",)
-        elif not conn.http11:
-            out += (b"connection: keep-alive\r\n",)  # an HTTP/1.0 client that asked for keep-alive
-        out.append(b"\r\n")
-        conn.write(b"".join(out))
-
-    def push(self, data: bytes) -> None:
-        """Write body bytes now (from any callback); a no-op once the client is gone."""
-        conn = self._conn
-        if not data or self._head_only or conn.closed or conn.transport is None:
-            return
-        conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-
-    async def send(self, data: bytes) -> None:
-        """Write body bytes, then wait while the client is not reading (transport above its high-water mark)."""
-        self.push(data)
-        await self._conn.drain()
-
-    def end_now(self, data: bytes = b"") -> None:
-        """The last body bytes: the response is complete and the connection serves the next request."""
-        if self.ended:
-            return
-        self.ended = True
-        if self._chunked and not self._head_only:
-            self._conn.write((b"%x\r\n%b\r\n" % (len(data), data) if data else b"") + _LAST_CHUNK)
-        else:
-            self.push(data)
-
-    def respond_json(self, status: int, body: bytes) -> None:
-        """A whole JSON response at once (the gateway's own error answers)."""
-        self.start_now(status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())])
-        self.end_now(body)
-
-    def abort(self) -> None:
-        """Drop the connection: the client must not take a cut body for a complete one."""
-        self.ended = True
-        self.keep_alive = False
-        self._conn.abort()
-
-    @property
-    def connection(self) -> HttpConnection:
-        return self._conn
-
-    def flow(self, hold: Callable[[bool], None] | None) -> None:
-        """Who to pause (`hold(True)`) while the client is not reading, and resume (`hold(False)`) after."""
-        self._hold = hold
-        if hold is not None and self._conn.write_paused:
-            hold(True)
-
-    def paused(self, paused: bool) -> None:
-        if self._hold is not None:
-            self._hold(paused)
-
-
-class HttpConnection(asyncio.Protocol):
+class HttpConnection(GuardedConnection):
     """One client connection: parses requests, runs them one at a time, writes their responses."""
 
     def __init__(self, server: HttpServer) -> None:
+        super().__init__()
         self.server = server
+        self.limits = server.limits
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -221,7 +86,6 @@ class HttpConnection(asyncio.Protocol):
         self.bad_request: str | None = None
         self.bad_status = 400
         self.head_bytes = 0
-        self.idle_timer: asyncio.TimerHandle | None = None
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
 
@@ -229,15 +93,20 @@ class HttpConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # TCP_NODELAY: inherited from the listening socket (`bind_socket`), and uvloop sets it on every transport
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        server = self.server
+        if len(server.connections) >= self.limits.max_connections and not server.make_room():
+            self._refuse()
+            return
         self.client = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
-        self.server.connections.add(self)
-        self._arm_idle()
+        server.connections.add(self)
+        server.waiting[self] = None
+        self.deadline = self.loop.time() + self.limits.head_timeout_s
+        self._schedule(self.deadline)
 
     def data_received(self, data: bytes) -> None:
         if self.bad_request is not None:
             return  # the connection closes after the answer in progress; nothing more is read
-        self._disarm_idle()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -250,6 +119,12 @@ class HttpConnection(asyncio.Protocol):
             else:
                 self._malformed(f"malformed HTTP request: {exc}")
             return
+        phase = self.phase
+        if phase == BODY:
+            self.last_read = now = self.loop.time()
+            self._schedule(now + self.limits.body_timeout_s)
+        elif phase == HEAD:
+            self._schedule(self.deadline)
         if len(self.requests) > 1 and not self.read_paused and self.transport is not None:
             self.read_paused = True  # a pipelined request waits for its turn: read no further ahead
             self.transport.pause_reading()
@@ -260,8 +135,17 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm_idle()
-        self.server.connection_closed(self)
+        self._disarm()
+        server = self.server
+        if self.lingering:
+            server.lingering -= 1
+        if self.refused:
+            return
+        server.connection_closed(self)
+        for request in self.requests:
+            server.release_body(request)
+        if self.parsing is not None:
+            server.release_body(self.parsing)
         self._wake()
         exchange = self.exchange
         if exchange is not None and not exchange.ended:
@@ -287,6 +171,11 @@ class HttpConnection(asyncio.Protocol):
         self.parsing = Request()
         self.url = b""
         self.head_bytes = 0
+        self.phase = HEAD
+        if self.fresh:
+            self.fresh = False  # the deadline set at the connection's start stands
+        else:
+            self.deadline = self.loop.time() + self.limits.head_timeout_s
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -307,6 +196,8 @@ class HttpConnection(asyncio.Protocol):
         assert request is not None
         parser = self.parser
         request.received = time.time()
+        self.phase = BODY
+        self.server.waiting.pop(self, None)  # a request is under way: no longer the first to close for room
         request.method = parser.get_method().decode("ascii")
         request.http_version = parser.get_http_version()
         self.http11 = request.http_version == "1.1"
@@ -325,23 +216,38 @@ class HttpConnection(asyncio.Protocol):
         request.raw_path = raw_path
         text = raw_path.decode("latin-1")
         request.path = unquote(text) if "%" in text else text
-        limit = self.server.max_body_bytes
+        limit = self.limits.max_body_bytes
         for name, value in request.headers:
             if name == b"expect" and value.lower() == b"100-continue":
                 request.expect_continue = True
             elif name == b"content-length" and value.isdigit() and int(value) > limit:
-                request.too_large = True
+                request.refusal = _too_large(limit)
         self.requests.append(request)
 
     def on_body(self, body: bytes) -> None:
         request = self.parsing
         assert request is not None
-        request.size += len(body)
-        if request.too_large or request.size > self.server.max_body_bytes:
-            request.too_large = True
-            request.parts = []
+        if request.refusal is not None:
             return
-        request.parts.append(body)
+        size = len(body)
+        request.size += size
+        server = self.server
+        if request.size > self.limits.max_body_bytes:
+            request.refusal = _too_large(self.limits.max_body_bytes)
+        elif server.request_bytes.take(size):
+            request.held += size
+            request.parts.append(body)
+            return
+        else:
+            server.metrics.requests_refused_busy += 1
+            limit = server.request_bytes.limit
+            request.refusal = GatewayBusy(
+                f"the gateway holds {limit} bytes of request bodies already (LEDGER_MAX_REQUEST_BYTES_IN_FLIGHT); "
+                "retry shortly"
+            )
+        request.parts = []
+        server.release_body(request)
+        self._wake()  # a handler waiting for this body answers the refusal now
 
     def on_message_complete(self) -> None:
         request = self.parsing
@@ -351,6 +257,7 @@ class HttpConnection(asyncio.Protocol):
         request.parts = []
         request.complete = True
         self.parsing = None
+        self.phase = BUSY
         if self.requests and self.requests[0] is request and self.task is not None and self.exchange is None:
             self._wake()
 
@@ -373,19 +280,17 @@ class HttpConnection(asyncio.Protocol):
         exchange: Exchange | None = None
         try:
             if not request.complete:
-                if request.expect_continue and not request.too_large:
+                if request.expect_continue and request.refusal is None:
                     self.write(_CONTINUE)
-                while not request.complete and not request.too_large and not self.closed:
+                while not request.complete and request.refusal is None and not self.closed:
                     await self._wait()
             if self.closed:
                 return
             exchange = Exchange(self, request)
             self.exchange = exchange
-            if request.too_large:
-                limit = self.server.max_body_bytes
-                error = BodyTooLarge(f"the request body exceeds {limit} bytes (LEDGER_MAX_BODY_BYTES)")
+            if request.refusal is not None:
                 exchange.keep_alive = False  # the rest of the body is not read
-                exchange.respond_json(error.status, error.body())
+                exchange.respond_json(request.refusal.status, request.refusal.body())
                 return
             try:
                 await self.server.handler(request, exchange)
@@ -407,6 +312,7 @@ class HttpConnection(asyncio.Protocol):
     def _finish(self, request: Request, exchange: Exchange | None) -> None:
         self.task = None
         self.exchange = None
+        self.server.release_body(request)
         if self.requests and self.requests[0] is request:
             self.requests.popleft()
         if self.closed:
@@ -414,7 +320,10 @@ class HttpConnection(asyncio.Protocol):
         if exchange is None or not exchange.ended:
             self.abort()  # the handler returned without a complete response
             return
-        if not exchange.keep_alive or not request.complete:
+        if not request.complete:
+            self._close_lingering()  # the client may still be sending the body: let it read the answer
+            return
+        if not exchange.keep_alive:
             self.close()
             return
         if self.bad_request is not None and not self.requests:
@@ -425,11 +334,17 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.read_paused and len(self.requests) <= 1 and self.transport is not None:
             self.read_paused = False
+            self.last_read = self.loop.time()  # a paused body was not the client's delay
             self.transport.resume_reading()
         if self.requests:
             self._dispatch()
-        else:
-            self._arm_idle()
+        elif self.parsing is None:
+            self.phase = IDLE
+            self.deadline = self.loop.time() + self.limits.keepalive_idle_s
+            self._schedule(self.deadline)
+            waiting = self.server.waiting
+            waiting.pop(self, None)
+            waiting[self] = None  # the most recent to wait: the last to be closed for room
 
     async def _wait(self) -> None:
         waiter = self.loop.create_future()
@@ -460,14 +375,16 @@ class HttpConnection(asyncio.Protocol):
     def idle(self) -> bool:
         return self.task is None and not self.requests and self.parsing is None
 
-    # -- errors and timers ---------------------------------------------------------------------
+    # -- errors, limits and timers -------------------------------------------------------------
     def _malformed(self, reason: str) -> None:
         self.bad_request = reason
+        self.phase = BUSY
         if self.transport is not None and not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
         if self.parsing is not None and self.requests and self.requests[-1] is self.parsing:
             self.requests.pop()  # the request that failed to parse is never handled
+            self.server.release_body(self.parsing)
         self.parsing = None
         if self.task is not None:
             return  # answered once the request in progress is
@@ -478,27 +395,13 @@ class HttpConnection(asyncio.Protocol):
 
     def _answer_bad_request(self) -> None:
         reason = self.bad_request or "malformed HTTP request"
-        status, code = (431, "headers_too_large") if self.bad_status == 431 else (400, "bad_request")
-        body = error_body(reason, kind="invalid_request_error", code=code)
+        status = self.bad_status
+        body = error_body(reason, kind="invalid_request_error", code=_ERROR_CODES.get(status, "bad_request"))
         head = (
-            _status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+            status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
         )
         self.write(head % len(body) + body)
-        self.close()
-
-    def _arm_idle(self) -> None:
-        if self.idle_timer is None and not self.closed:
-            self.idle_timer = self.loop.call_later(KEEPALIVE_TIMEOUT_S, self._idle_timeout)
-
-    def _disarm_idle(self) -> None:
-        if self.idle_timer is not None:
-            self.idle_timer.cancel()
-            self.idle_timer = None
-
-    def _idle_timeout(self) -> None:
-        self.idle_timer = None
-        if self.idle:
-            self.close()
+        self._close_lingering()
 
 
 class _HeadTooLarge(Exception):
@@ -515,14 +418,33 @@ def _address(value: object) -> tuple[str, int] | None:
     return None
 
 
+def _too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"the request body exceeds {limit} bytes (LEDGER_MAX_BODY_BYTES)")
+
+
 class HttpServer:
     """Accepts connections on a bound socket and runs `handler` for each request."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body_bytes: int | None = None,
+        limits: ServerLimits | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self.handler = handler
-        self.max_body_bytes = max_body_bytes
+        if limits is None:
+            settings = Settings() if max_body_bytes is None else Settings(max_body_bytes=max_body_bytes)
+            limits = ServerLimits.from_settings(settings)
+        self.limits = limits
+        self.metrics = metrics or Metrics()
+        self.request_bytes = ByteBudget(limits.max_request_bytes_in_flight)
         self.connections: set[HttpConnection] = set()
+        self.waiting: dict[HttpConnection, None] = {}
+        """Connections without a request under way (idle, or sending a head), longest waiting first."""
+        self.lingering = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.closing = False
         self._settled = asyncio.Event()  # set when stopping and no connection is left, or forced
@@ -536,8 +458,23 @@ class HttpServer:
         """End a graceful shutdown now: connections still busy are closed."""
         self._settled.set()
 
+    def make_room(self) -> bool:
+        """At the cap: close the connection that has waited longest without a request under way, if any."""
+        for conn in self.waiting:
+            del self.waiting[conn]
+            self.connections.discard(conn)  # its slot is the new connection's now (it closes in a moment)
+            conn.shed()
+            return True
+        return False
+
+    def release_body(self, request: Request) -> None:
+        if request.held:
+            self.request_bytes.give_back(request.held)
+            request.held = 0
+
     def connection_closed(self, conn: HttpConnection) -> None:
         self.connections.discard(conn)
+        self.waiting.pop(conn, None)
         if self.closing and not self.connections:
             self._settled.set()
 

@@ -1,0 +1,99 @@
+"""Raw-socket clients that are slow on purpose: partial heads, trickled heads, stalled bodies.
+
+Each returns what the gateway did with its connection: the status of the answer it read (`"408"`),
+`"closed"` (no answer, the connection ended), `"reset"`, or `"open"` (nothing happened in time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+
+HEAD_START = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def allow_open_files(count: int) -> None:
+    """Raise this process's soft fd limit so the test itself can hold `count` connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(count, hard), hard))
+
+
+def status_of(data: bytes) -> str:
+    if not data:
+        return "closed"
+    parts = data.split(b" ", 2)
+    return parts[1].decode() if data.startswith(b"HTTP/1.") and len(parts) > 1 else "garbage"
+
+
+async def answer(conn: Connection, timeout_s: float) -> str:
+    """Wait for the gateway to answer or close the connection."""
+    reader, writer = conn
+    try:
+        async with asyncio.timeout(timeout_s):
+            data = await reader.read(65536)
+    except TimeoutError:
+        return "open"
+    except ConnectionError:
+        return "reset"
+    finally:
+        writer.close()
+    return status_of(data)
+
+
+async def answer_in_full(conn: Connection, timeout_s: float) -> bytes:
+    """Everything the gateway sends until it closes the connection."""
+    reader, writer = conn
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await reader.read(-1)
+    finally:
+        writer.close()
+
+
+async def partial_head(port: int) -> Connection:
+    """A connection that sent part of a request head and then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HEAD_START)
+    await writer.drain()
+    return reader, writer
+
+
+async def trickled_head(port: int, interval_s: float, give_up_s: float) -> str:
+    """Send a long head one byte per `interval_s` until the gateway answers (or `give_up_s` passes)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = HEAD_START + b"x-padding: " + b"p" * 4000 + b"\r\n\r\n"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + give_up_s
+    try:
+        for byte in head:
+            if loop.time() > deadline:
+                return "open"
+            with contextlib.suppress(ConnectionError):
+                writer.write(bytes([byte]))
+            try:
+                data = await asyncio.wait_for(reader.read(65536), interval_s)
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                return "reset"
+            return status_of(data)
+        return "sent whole"
+    finally:
+        writer.close()
+
+
+async def stalled_body(port: int, declared: int, sent: int, *, piece: int = 1024 * 1024) -> Connection:
+    """A request whose head says `declared` body bytes, of which `sent` are sent; then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HEAD_START + b"content-length: %d\r\n\r\n" % declared)
+    block = b"x" * piece
+    left = sent
+    with contextlib.suppress(ConnectionError):
+        while left > 0:
+            writer.write(block[: min(piece, left)])
+            left -= piece
+            await writer.drain()
+    return reader, writer

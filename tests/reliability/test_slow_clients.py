@@ -1,0 +1,130 @@
+"""Slow clients against the real `ledger serve`: they are answered 408 and closed, and never crowd out a call.
+
+Issue #18: 1,124 partial-head connections exhausted the gateway's file descriptors (`prlimit
+--nofile=1024`) and a normal call was dropped; 300 trickling connections stayed open forever.
+Now a head has `LEDGER_HEAD_TIMEOUT_S`, a body may pause `LEDGER_BODY_TIMEOUT_S`, and at
+`LEDGER_MAX_CONNECTIONS` the longest-waiting connection without a request under way makes room
+(408) — or, if every connection is busy, the new one gets a 503 and is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway import processes
+from tests.gateway.processes import Process
+from tests.reliability.helpers import chat_body, proc_figures, raw_call, read_ledger
+from tests.reliability.slow_clients import (
+    allow_open_files,
+    answer,
+    answer_in_full,
+    partial_head,
+    stalled_body,
+    trickled_head,
+)
+
+FD_LIMIT = 1024
+PARTIAL_HEADS = 1100
+TRICKLERS = 300
+
+
+def _gateway(
+    tmp_path: Path, upstream: str, env: dict[str, str], *, db_url: str = "", fd_limit: int | None = None
+) -> Process:
+    db_url = db_url or f"sqlite:///{tmp_path / 'ledger.db'}"
+    processes.upgrade(db_url)
+    gw = processes.gateway(tmp_path, upstream, db_url, env=env)
+    if fd_limit is not None:
+        gw.args = ["prlimit", f"--nofile={fd_limit}:{fd_limit}", *gw.args]  # prlimit execs: same pid
+    gw.db_url = db_url  # type: ignore[attr-defined]
+    return gw
+
+
+async def _metric(url: str, name: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(url + "/_ledger/metrics")).text
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
+@pytest.mark.slow
+async def test_partial_heads_under_an_fd_limit_do_not_drop_a_call(emulator: Process, tmp_path: Path) -> None:
+    allow_open_files(PARTIAL_HEADS + 200)
+    gw = _gateway(tmp_path, emulator.url, {"LEDGER_HEAD_TIMEOUT_S": "20"}, fd_limit=FD_LIMIT)  # type: ignore[attr-defined]
+    await asyncio.to_thread(gw.start)
+    try:
+        conns = [await partial_head(gw.port) for _ in range(PARTIAL_HEADS)]  # type: ignore[attr-defined]
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = await raw_call(http, gw.url, chat_body("still served?", max_tokens=4, stream=False))  # type: ignore[attr-defined]
+        assert call.status == 200 and call.complete, call
+        outcomes = Counter(await asyncio.gather(*(answer(conn, 120) for conn in conns)))
+        # the oldest made room for newer ones (shed), the rest timed out: every one was answered 408
+        assert outcomes == {"408": PARTIAL_HEADS}, outcomes
+        shed = await _metric(gw.url, "ledger_gateway_connections_shed_total")  # type: ignore[attr-defined]
+        timed_out = await _metric(gw.url, "ledger_gateway_requests_timed_out_total")  # type: ignore[attr-defined]
+        assert shed > 0 and timed_out >= PARTIAL_HEADS - shed
+        _rss, fds = proc_figures(gw.proc.pid)  # type: ignore[union-attr]
+        assert fds < 100, fds  # every partial-head connection is closed
+    finally:
+        gw.stop()
+    ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
+    assert call.call_id in ledger.finished and ledger.finished[call.call_id].status == 200
+    assert len(ledger.started) == 1  # the slow clients made no calls
+
+
+@pytest.mark.slow
+async def test_trickling_heads_and_stalled_bodies_are_answered_408(
+    emulator: Process, tmp_path: Path, backend_url: str
+) -> None:
+    allow_open_files(TRICKLERS + 200)
+    env = {"LEDGER_HEAD_TIMEOUT_S": "2", "LEDGER_BODY_TIMEOUT_S": "2"}
+    gw = _gateway(tmp_path, emulator.url, env, db_url=backend_url)  # type: ignore[attr-defined]
+    await asyncio.to_thread(gw.start)
+    port = gw.port  # type: ignore[attr-defined]
+    try:
+        stalled = await stalled_body(port, declared=1000, sent=100, piece=100)
+        tricklers = [trickled_head(port, 0.2, give_up_s=60) for _ in range(TRICKLERS)]
+        outcomes = Counter(await asyncio.gather(*tricklers))
+        assert outcomes == {"408": TRICKLERS}, outcomes  # each still sending a byte every 0.2 s
+        head, _, body = (await answer_in_full(stalled, 60)).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = await raw_call(http, gw.url, chat_body("after them", max_tokens=4, stream=False))  # type: ignore[attr-defined]
+        assert call.status == 200 and call.complete
+    finally:
+        gw.stop()
+    ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
+    assert list(ledger.started) == [call.call_id]  # the stalled body never became a call
+
+
+async def test_at_the_connection_cap_with_every_connection_busy_a_new_one_gets_503(
+    emulator: Process, tmp_path: Path, backend_url: str
+) -> None:
+    cap = 8
+    env = {"LEDGER_MAX_CONNECTIONS": str(cap), "LEDGER_BODY_TIMEOUT_S": "3"}
+    gw = _gateway(tmp_path, emulator.url, env, db_url=backend_url)  # type: ignore[attr-defined]
+    await asyncio.to_thread(gw.start)
+    port = gw.port  # type: ignore[attr-defined]
+    try:
+        busy = [await stalled_body(port, declared=1000, sent=10, piece=10) for _ in range(cap)]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n\r\n")
+        head, _, body = (await answer_in_full((reader, writer), 30)).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503") and b"connection: close" in head
+        error = json.loads(body)["error"]
+        assert error["code"] == "gateway_busy" and "LEDGER_MAX_CONNECTIONS" in error["message"]
+        assert Counter(await asyncio.gather(*(answer(conn, 60) for conn in busy))) == {"408": cap}
+        assert await _metric(gw.url, "ledger_gateway_connections_refused_total") == 1  # type: ignore[attr-defined]
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = await raw_call(http, gw.url, chat_body("room again", max_tokens=4, stream=False))  # type: ignore[attr-defined]
+        assert call.status == 200 and call.complete
+    finally:
+        gw.stop()
+    ledger = await read_ledger(backend_url)
+    assert list(ledger.started) == [call.call_id]  # neither the stalled bodies nor the refused one made calls
