@@ -6,12 +6,16 @@ Process starters and the PostgreSQL relay are reused from `tests.gateway` (proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import msgspec
+import pytest
 
 from tests.gateway import processes
 from usage_ledger.ledger.blobs import read_blob
@@ -139,3 +143,18 @@ async def raw_call(http: httpx.AsyncClient, url: str, body: bytes, headers: dict
     except httpx.HTTPError as exc:
         outcome.error = f"{type(exc).__name__}: {exc}"
     return outcome
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A `size` tmpfs mounted at `directory` (a disk that fills up); skips where mounting is not permitted."""
+    directory.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or mounted.returncode}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True)

@@ -30,10 +30,12 @@ from usage_ledger.gateway.inspect import (
     is_inference,
     with_usage_requested,
 )
+from usage_ledger.gateway.kept import KeptBody, usage_from_tail
 from usage_ledger.gateway.observed import Observed
 from usage_ledger.gateway.rawclient import RawResponse
-from usage_ledger.gateway.recorder import new_call_id
+from usage_ledger.gateway.recorder import NotRecorded, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
+from usage_ledger.gateway.secrets import recorded_query
 from usage_ledger.gateway.upstream import UpstreamResponse
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from usage_ledger.ledger.writer import Durable
@@ -98,7 +100,9 @@ class Call:
         self.client_bytes = 0
         self.upstream_request_id: str | None = None
         self.response_headers: list[Header] = []
-        self.raw: list[bytes] = []
+        cap = proxy.settings.max_stored_body_bytes if self.recorded else 0  # a request that is no call keeps none
+        self.raw = KeptBody(proxy.stored_bytes, cap)
+        """The response body kept for its blob, within the stored-body limits (`gateway.kept`)."""
         self.plan: RelayPlan | None = None
         """How the response goes to the client (known once its headers arrived)."""
         self.client_gone = False
@@ -119,10 +123,10 @@ class Call:
             received_at=_ts(self.received) or datetime.now(UTC),
             method=self.method,
             path=self.path,
-            query=self.query,
+            query=recorded_query(self.query, self.proxy.fingerprint_key),
             run=self.run_name,
             tags=self.tags,
-            request_headers=recorded_headers(self.headers),
+            request_headers=recorded_headers(self.headers, self.proxy.fingerprint_key),
             request_blob=digest,
             request_bytes=len(self.body),
             model=info.model,
@@ -146,9 +150,11 @@ class Call:
         )
 
     def _raw_body(self) -> tuple[str | None, bytes | None, int]:
-        if not self.raw:
-            return None, None, 0
-        data = self.raw[0] if len(self.raw) == 1 else b"".join(self.raw)
+        data = self.raw.whole()
+        if data is None:
+            if self.raw.omitted:
+                self.metrics.response_blobs_omitted += 1
+            return None, None, self.raw.size
         return self.recorder.digest(data), data, len(data)
 
     async def _finished(self) -> Timings:
@@ -171,9 +177,10 @@ class Call:
                 call_id=self.call_id,
                 status=self.status or 0,
                 upstream_request_id=self.upstream_request_id,
-                response_headers=recorded_headers(self.response_headers),
+                response_headers=recorded_headers(self.response_headers, self.proxy.fingerprint_key),
                 response_blob=digest,
                 response_bytes=size,
+                response_blob_omitted=self.raw.omitted,
                 usage=usage,
                 usage_source=source,
                 usage_detail=detail,
@@ -200,7 +207,8 @@ class Call:
         if self.recorded:
             digest, data, _ = self._raw_body()
             event = self._failure(phase, reason, detail, digest, timings)
-            await self.recorder.finish(event, data, wait=wait)
+            with contextlib.suppress(NotRecorded):  # a failure's response says it failed either way
+                await self.recorder.finish(event, data, wait=wait)
         self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
 
     def _failure(self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings) -> CallFailed:
@@ -214,6 +222,7 @@ class Call:
             client_status=self.status,
             client_bytes=self.client_bytes,
             response_blob=digest,
+            response_blob_omitted=self.raw.omitted,
             usage=usage,
             usage_source=source,
             usage_detail=usage_detail,
@@ -291,6 +300,7 @@ class Call:
             )
         finally:
             self.task = None
+            self.raw.release()  # recorded (strict: durable) or abandoned: the stored-body budget goes back
             if response is not None:
                 await _close_quietly(response)
 
@@ -313,6 +323,7 @@ class Call:
         plan = self.plan = plan_relay(
             response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected
         )
+        self.raw.expect(response.headers, whole_json=plan.readable_body and self.recorded, encoding=plan.decoder)
         relay = plan.relay
         self.seen.relay = plan.sse
         self.upstream_request_id = plan.request_id
@@ -350,13 +361,27 @@ class Call:
             self.done = True
             raise AbortResponse(str(exc)) from exc
         if plan.readable_body and self.raw and self.recorded:
-            self.seen.body(self.raw[0] if len(self.raw) == 1 else b"".join(self.raw), plan.decoder)
+            self.seen.body(self.raw.whole() or b"", plan.decoder)
             self.upstream_request_id = self.upstream_request_id or self.seen.request_id
-        timings = await self._finished()
+        elif plan.readable_body and self.raw.omitted and self.recorded:
+            self._read_tail()
+        try:
+            timings = await self._finished()
+        except NotRecorded as exc:
+            # Strict: the last bytes are still held back; without them the client sees a
+            # truncated response (no final chunk or short of Content-Length), not a complete one.
+            self.done = True
+            raise AbortResponse(f"call not recorded: {exc}") from exc
         self.done = True
         self.client_bytes += len(tail)
         await client.end(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
+
+    def _read_tail(self) -> None:
+        """A whole body too large to keep: its usage read from its last bytes (`gateway.kept`)."""
+        usage, problem = usage_from_tail(self.raw.tail)
+        seen = self.seen
+        seen.usage, seen.usage_final, seen.usage_problem = usage, usage is not None, problem
 
     def _upstream_forces_usage(self) -> bool:
         """A stream showed usage on every chunk, unasked; whether to believe it (the setting decides, if set).

@@ -6,6 +6,10 @@ durability the proxy awaits `call.started` (`until_durable`) before sending the 
 so a call whose response began reaching the client survives a crash as started-not-finished, and
 awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
 commit in the `EventWriter` batches concurrent calls into one transaction.
+
+When strict and the final event cannot be made durable anywhere (database and spool both fail,
+e.g. one full disk), `finish()` raises `NotRecorded`: the call must not end as if it were
+recorded, so the proxy drops the connection before the last bytes (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import hashlib
 import os
 import time
+from typing import Protocol
 
 import structlog
 
@@ -23,7 +28,7 @@ from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, ne
 from usage_ledger.ledger.settings import Durability
 from usage_ledger.ledger.writer import Durable, EventWriter
 
-__all__ = ("Recorder", "new_call_id")
+__all__ = ("CallWatcher", "NotRecorded", "Recorder", "new_call_id")
 
 log = structlog.get_logger("gateway.recorder")
 
@@ -33,8 +38,20 @@ def new_call_id() -> str:
     return f"{time.time_ns() // 1_000_000:012x}{os.urandom(8).hex()}"
 
 
+class NotRecorded(Exception):
+    """Strict durability: the call's final event is durable nowhere (already logged and counted)."""
+
+
 def call_stream(call_id: str) -> str:
     return f"call-{call_id}"
+
+
+class CallWatcher(Protocol):
+    """Told when a recorded call starts and ends (the server sampler marks run boundaries with it)."""
+
+    def call_started(self, call_id: str, run: str | None) -> None: ...
+
+    def call_ended(self, call_id: str) -> None: ...
 
 
 class Recorder:
@@ -42,6 +59,7 @@ class Recorder:
         self.writer = writer
         self.strict = durability == "strict"
         self.metrics = metrics
+        self.watcher: CallWatcher | None = None
 
     @staticmethod
     def digest(body: bytes) -> str:
@@ -51,6 +69,8 @@ class Recorder:
         bodies = {event.request_blob: body} if event.request_blob and body is not None else None
         future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
         future.add_done_callback(self._check)
+        if self.watcher is not None:
+            self.watcher.call_started(event.call_id, event.run)
         return future
 
     async def until_durable(self, future: asyncio.Future[Durable]) -> None:
@@ -60,9 +80,12 @@ class Recorder:
                 await asyncio.shield(future)
 
     async def finish(self, event: CallFinished | CallFailed, body: bytes | None, *, wait: bool = True) -> None:
-        """Submit the final event; with strict durability (and `wait`) return once it is durable."""
+        """Submit the final event; with strict durability (and `wait`) return once it is durable, or
+        raise `NotRecorded` if it cannot be."""
         bodies = {event.response_blob: body} if event.response_blob and body is not None else None
         future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
+        if self.watcher is not None:
+            self.watcher.call_ended(event.call_id)
         if not (self.strict and wait):
             future.add_done_callback(self._check)
             return
@@ -72,10 +95,11 @@ class Recorder:
             future.add_done_callback(self._check)
             raise
         except Exception as exc:
-            # Recording failed even to the spool: the response is still delivered (availability
-            # first); the failure is logged and counted so it cannot go unnoticed.
+            # Durable nowhere, not even in the spool: counted, logged, and the caller must not let
+            # the client take the response for a recorded one.
             self.metrics.record_failures += 1
             log.error("call_record_failed", call_id=event.call_id, error=str(exc))
+            raise NotRecorded(str(exc)) from exc
 
     def _check(self, future: asyncio.Future[Durable]) -> None:
         if future.cancelled():
