@@ -37,7 +37,7 @@ _DIE_WITH_PARENT_THEN_EXEC = (
 )
 
 
-async def projections_follower_process(database: Database, _wake: asyncio.Event) -> None:
+async def projections_follower_process(database: Database) -> None:
     """Run `ledger projections run --follow` for as long as the gateway runs; restart it if it exits."""
     args = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC, str(os.getpid()), "projections", "run", "--follow"]
     env = {**os.environ, "LEDGER_DATABASE_URL": database.url}  # not argv: a password would show in `ps`

@@ -75,19 +75,17 @@ async def test_blobs_are_stored_once_compressed_and_read_back(database: Database
             await read_blob(conn, "0" * 64)
 
 
-async def test_writer_group_commits_and_follow_wakes(database: Database) -> None:
-    wake = asyncio.Event()
+async def test_writer_group_commits_and_follow_sees_them(database: Database) -> None:
     seen: list[int] = []
 
     async def follow() -> None:
-        async for stored in follow_events(database, 0, wake=wake, poll_interval_s=30):
+        async for stored in follow_events(database, 0, poll_interval_s=0.02):
             seen.append(stored.position)
             if len(seen) == 200:
                 return
 
     follower = asyncio.create_task(follow())
     async with EventWriter(database, batch_max_events=500) as writer:
-        writer.on_commit(lambda _position: wake.set())
         outcomes = await asyncio.gather(*(writer.append(call_events(i)) for i in range(100)))
     assert set(outcomes) == {"committed"}
     await asyncio.wait_for(follower, 10)

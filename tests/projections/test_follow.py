@@ -16,11 +16,9 @@ from usage_ledger.projections.tables import calls as calls_table
 
 
 async def test_follow_applies_new_events(database: Database) -> None:
-    wake = asyncio.Event()
-    task = asyncio.create_task(follow_projections(database, wake, poll_interval_s=5.0))
+    task = asyncio.create_task(follow_projections(database, poll_interval_s=0.05))
     try:
         await append(database, started("a", 0, run="r"), finished("a", 0, 3))
-        wake.set()
         for _ in range(200):
             status = {s.name: s for s in await projection_status(database)}
             if status["calls"].checkpoint == 2:

@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.waiting import wait_up_to
 
 __all__ = ("StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
 
@@ -85,15 +84,10 @@ async def follow_events(
     database: Database,
     after: int = 0,
     *,
-    wake: asyncio.Event | None = None,
     poll_interval_s: float = 0.5,
     page_size: int = 5000,
 ) -> AsyncIterator[StoredEvent]:
-    """Every event after `after`, then new ones as they are committed, forever.
-
-    Wakes on `wake` (set by an in-process writer after each commit) or every `poll_interval_s`
-    (appends from other processes).
-    """
+    """Every event after `after`, then new ones as they are committed (read every `poll_interval_s`), forever."""
     while True:
         caught_up = True
         async for stored in iter_events(database, after, page_size):
@@ -101,8 +95,4 @@ async def follow_events(
             caught_up = False
             yield stored
         if caught_up:
-            if wake is None:
-                await asyncio.sleep(poll_interval_s)
-            else:
-                await wait_up_to(wake.wait(), poll_interval_s)
-                wake.clear()
+            await asyncio.sleep(poll_interval_s)

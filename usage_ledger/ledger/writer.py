@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import structlog
@@ -122,7 +122,6 @@ class EventWriter:
         self._spooling = False
         self._next_retry = 0.0
         self._unavailable: str | None = None  # why the spool cannot be replayed yet (while spooling)
-        self._listeners: list[Callable[[int], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -175,10 +174,6 @@ class EventWriter:
 
     async def append(self, events: Sequence[NewEvent], bodies: Mapping[str, bytes] | None = None) -> Durable:
         return await self.submit(events, bodies)
-
-    def on_commit(self, listener: Callable[[int], None]) -> None:
-        """Call `listener(last_position)` after every commit (e.g. to wake a projection)."""
-        self._listeners.append(listener)
 
     @property
     def queue_depth(self) -> int:
@@ -322,8 +317,6 @@ class EventWriter:
         self.committed_events += result.appended
         if result.appended:
             self.last_position = result.last_position
-            for listener in self._listeners:
-                listener(result.last_position)
 
     async def _try_replay(self) -> bool:
         """Drain the spool into the database; False (and stay spooling) while it is unreachable."""

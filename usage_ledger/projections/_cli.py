@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgspec
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn, TimeRemainingColumn
-from rich.text import Text
 
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
@@ -24,6 +19,7 @@ from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections._output import print_rows
+from usage_ledger.projections._progress import advance, progress, stage
 from usage_ledger.projections.callviews import get_call
 from usage_ledger.projections.engine import (
     PROJECTIONS,
@@ -33,6 +29,7 @@ from usage_ledger.projections.engine import (
     rebuild_projection,
     set_formula,
 )
+from usage_ledger.projections.eras import eras_report
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.export import export_calls, show_call, show_run
 from usage_ledger.projections.importer import import_file
@@ -68,56 +65,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-class _Count(ProgressColumn):
-    """`done/total unit`, or `done unit` while the total is unknown (rich's format spec fails on None)."""
-
-    def __init__(self, unit: str) -> None:
-        super().__init__()
-        self.unit = unit
-
-    def render(self, task: Task) -> Text:
-        total = "" if task.total is None else f"/{task.total:,.0f}"
-        return Text(f"{task.completed:,.0f}{total} {self.unit}")
-
-
-class _Rate(ProgressColumn):
-    def __init__(self, unit: str) -> None:
-        super().__init__()
-        self.unit = unit
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text(f"{speed:,.0f} {self.unit}/s" if speed else "")
-
-
-def _progress(unit: str) -> Progress:
-    console = Console(stderr=True)
-    return Progress(
-        TextColumn("{task.description}", markup=False),  # a file name is not markup
-        BarColumn(),
-        _Count(unit),
-        _Rate(unit),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
-
-
-def _advance(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return update
-
-
-def _stage(bar: Progress, task: TaskID, what: str) -> Callable[[str], None]:
-    def update(text: str) -> None:
-        bar.update(task, description=f"{what}: {text}", refresh=True)  # a step can outlast many refreshes
-
-    return update
-
-
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for item in items:
@@ -145,7 +92,7 @@ def import_command(args: argparse.Namespace) -> int:
         failed = False
         try:
             for name in args.files:
-                with _progress("bytes") as bar:
+                with progress("bytes") as bar:
                     task = bar.add_task(f"import {name}", total=None)
                     try:
                         result = await import_file(
@@ -154,7 +101,7 @@ def import_command(args: argparse.Namespace) -> int:
                             fmt=args.input_format,
                             source=args.source,
                             skip_invalid=args.skip_invalid,
-                            progress=_advance(bar, task),
+                            progress=advance(bar, task),
                         )
                     except ImportFailed as exc:
                         print(f"ledger: error: {name}: {exc}", file=sys.stderr)
@@ -185,12 +132,20 @@ def report_command(args: argparse.Namespace) -> int:
                 )
             elif args.kind == "tickers":
                 rows = list(await tickers_report(database, run=args.run, run_gap_s=settings.run_gap_s))
+            elif args.kind == "eras":
+                if not args.by:
+                    raise ProjectionError(
+                        "report eras needs --by LABEL (hardware, model, kind or any annotation label)"
+                    )
+                eras = eras_report(database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone)
+                rows = list(await eras)
             else:
                 days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=settings.run_gap_s)
                 rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
         finally:
             await database.dispose()
         title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
+        title = f"eras by {args.by}" if args.kind == "eras" else title
         print_rows(rows, args.output_format, title=title, zone=zone)
         return 0
 
@@ -207,15 +162,15 @@ def rebuild_command(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             for name in names:
-                with _progress("events") as bar:
+                with progress("events") as bar:
                     task = bar.add_task(f"rebuild {name}", total=None)
                     promoted = await rebuild_projection(
                         database,
                         name,
                         formula=args.formula if name == "calls" else None,
                         keep_old=args.keep_old,
-                        progress=_advance(bar, task),
-                        stage=_stage(bar, task, f"rebuild {name}"),
+                        progress=advance(bar, task),
+                        stage=stage(bar, task, f"rebuild {name}"),
                     )
                 print(
                     f"{name}: version {promoted.version} promoted at position {promoted.head_position} "
@@ -235,7 +190,7 @@ def projections_run_command(args: argparse.Namespace) -> int:
         try:
             if args.follow:
                 freeze_startup_heap()
-                await follow_projections(database, asyncio.Event())
+                await follow_projections(database)
             checkpoints = await catch_up_all(database)
         finally:
             await database.dispose()

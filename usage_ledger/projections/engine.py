@@ -34,7 +34,6 @@ from usage_ledger.ledger.events import ProjectionPromoted, new_event, utc_now
 from usage_ledger.ledger.read import head_position
 from usage_ledger.ledger.schema import checkpoints, events, sqlite_time
 from usage_ledger.ledger.sqlite_append import SqliteWrite
-from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.errors import UnknownProjection
@@ -449,12 +448,10 @@ async def projection_status(database: Database) -> list[ProjectionStatus]:
     return out
 
 
-async def follow_projections(database: Database, wake: asyncio.Event, *, poll_interval_s: float = 0.5) -> None:
-    """Keep every live projection caught up, forever (for `ledger serve` and `projections run --follow`).
-
-    Wakes when `wake` is set (after each commit in this process) or every `poll_interval_s`;
-    an unreachable database is retried with a back-off, never fatal.
-    """
+async def follow_projections(database: Database, *, poll_interval_s: float = 0.5) -> None:
+    """Keep every live projection caught up, forever (`ledger projections run --follow`, which
+    `ledger serve` runs as a child process): a pass every `poll_interval_s`; an unreachable database
+    is retried with a back-off, never fatal."""
     delay = poll_interval_s
     while True:
         try:
@@ -466,5 +463,4 @@ async def follow_projections(database: Database, wake: asyncio.Event, *, poll_in
         except LedgerError as exc:
             structlog.get_logger("projections.engine").error("projections_catch_up_failed", error=str(exc))
             delay = min(delay * 2, 30.0)
-        await wait_up_to(wake.wait(), delay)
-        wake.clear()
+        await asyncio.sleep(delay)
