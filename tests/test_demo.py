@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.projections.reports import runs_report, tickers_report
 from usage_ledger.projections.rows import RunRow, TickerRow
@@ -26,9 +27,9 @@ def _reports(db_file: Path) -> tuple[list[RunRow], list[TickerRow], int]:
         try:
             runs = await runs_report(database)
             tickers = await tickers_report(database)
-            report = await verify_chain(database)
-            assert report.ok
-            return runs, tickers, report.checked
+            assert (await verify_chain(database)).ok
+            calls = [e async for e in iter_events(database) if e.type.startswith("call.")]
+            return runs, tickers, len(calls)
         finally:
             await database.dispose()
 
@@ -62,7 +63,7 @@ def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "chain intact" in result.stdout
     runs, tickers, events = _reports(db_file)
-    assert events == 2 * 4 * 3 * 2  # two runs × 12 calls × (started + finished)
+    assert events == 2 * 4 * 3 * 2  # two runs × 12 calls × (started + finished); besides, server.sampled
     by_profile = {row.run.split("-")[0]: row for row in runs}
     assert set(by_profile) == {"moe", "dense"}
     for row in by_profile.values():
@@ -70,6 +71,7 @@ def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
         assert row.calls_per_ticker.min == row.calls_per_ticker.max == 3
         assert row.input_tokens > 12 * 10_000  # ≈10.8k-token prompts
         assert row.output_tokens > 0 and row.throughput_tps is not None and row.throughput_tps > 0
+        assert row.server is not None and row.server.reconciled is True, row.server  # the emulator's counters agree
     assert len(tickers) == 8
     for run in by_profile.values():  # the runs table names each run in full, on the line of its throughput
         assert run.throughput_tps is not None

@@ -36,7 +36,11 @@ def test_the_wheel_has_one_top_level_package(wheel: zipfile.ZipFile) -> None:
 
 def test_the_wheel_carries_the_migrations_licence_and_typing_marker(wheel: zipfile.ZipFile) -> None:
     names = set(wheel.namelist())
-    assert {"usage_ledger/migrations/env.py", "usage_ledger/migrations/script.py.mako", "usage_ledger/py.typed"} <= names
+    assert {
+        "usage_ledger/migrations/env.py",
+        "usage_ledger/migrations/script.py.mako",
+        "usage_ledger/py.typed",
+    } <= names
     assert any(n.startswith("usage_ledger/migrations/versions/0001_") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     metadata = wheel.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

@@ -71,7 +71,8 @@ def running_stack(vllm_server: Callable[[str], VllmServer], config: str, tmp: Pa
     """vLLM for `config` (shared, see conftest) and a fresh `ledger serve` in front of it, on `db_url`."""
     server = vllm_server(config)
     upgrade(db_url)
-    proc = gateway(tmp, server.url, db_url).start()
+    # samples vLLM's /metrics twice a second, so that a run's opening sample is recent (tests/realvllm/sampling.py)
+    proc = gateway(tmp, server.url, db_url, env={"LEDGER_SERVER_SAMPLE_S": "0.5"}).start()
     try:
         yield Stack(config, server, proc, db_url)
     finally:
@@ -210,7 +211,7 @@ def assert_usage_as_sent(batch: Batch) -> None:
     for ex in batch.exchanges:
         if ex.case.method != "POST" or ex.gateway.status >= 400:
             continue
-        sent = _sent_usage(ex.gateway)
+        sent = sent_usage(ex.gateway)
         if sent is None:
             continue
         call = batch.call(ex.case.name)
@@ -219,7 +220,7 @@ def assert_usage_as_sent(batch: Batch) -> None:
     assert not problems, f"{batch.run}: " + "; ".join(problems)
 
 
-def _sent_usage(reply: Reply) -> tuple[int, int] | None:
+def sent_usage(reply: Reply) -> tuple[int, int] | None:
     if reply.content_type.startswith("text/event-stream"):
         objects = harness.sse_json(reply)
     else:

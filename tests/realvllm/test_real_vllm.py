@@ -15,13 +15,16 @@ Some of these fail against a gateway with the bugs the tier was written to catch
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.realvllm import harness
+from tests.gateway.processes import LEDGER
+from tests.realvllm import harness, sampling
 from tests.realvllm.checks import (
     Batch,
     Stack,
@@ -189,6 +192,43 @@ class GenerateTier:
         assert direct_series <= gateway_series, sorted(direct_series - gateway_series)[:10]
         after = harness.ledger_calls(stack.db_url)
         assert len(after) == before, [(c.started.method, c.started.path) for c in after[before:]]
+
+    def test_server_block_reconciles(self, stack: Stack) -> None:
+        """`ledger serve` samples vLLM's /metrics: a run only the gateway sent equals vLLM's counter deltas."""
+        run = f"{stack.config}-sampled"
+        sampling.run_through_gateway(stack, run, ("chat", "chat_stream_usage", "completions", "completions_stream"))
+        server = sampling.server_block(stack, run)
+        assert server["reconciled"] is True, server
+        assert server["server_requests"] == server["ledger_calls"] == 4
+        assert server["config"]["enable_prefix_caching"] in ("True", "False") and server["config"]["block_size"]
+        if "--speculative-config" in CONFIGS[stack.config]:
+            assert 0 < server["spec_decode_acceptance_rate"] <= 1, server
+            assert server["spec_decode_mean_acceptance_length"] >= 1, server
+        else:
+            assert server["spec_decode_acceptance_rate"] is None, server
+        result = subprocess.run(
+            [LEDGER, "reconcile", "--run", run, "--db", stack.db_url], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def test_server_block_shows_calls_that_bypassed_the_gateway(self, stack: Stack) -> None:
+        """Calls sent straight to vLLM during a run: the difference is exactly their requests and tokens."""
+        run = f"{stack.config}-bypassed"
+        bypassed = sampling.run_through_gateway(
+            stack, run, ("chat", "completions"), bypass=("chat", "completions_stream_usage")
+        )
+        assert all(usage is not None for usage in bypassed), bypassed
+        server = sampling.server_block(stack, run)
+        assert server["reconciled"] is False, server
+        assert server["difference"] == {
+            "requests": 2,
+            "prompt_tokens": sum(u[0] for u in bypassed if u),
+            "generation_tokens": sum(u[1] for u in bypassed if u),
+        }, server
+        result = subprocess.run(
+            [LEDGER, "reconcile", "--db", stack.db_url, "--format", "json"], capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 1 and run in {r["run"] for r in json.loads(result.stdout)}, result.stdout
 
     def test_abort_mid_stream(self, stack: Stack) -> None:
         """A client that leaves mid-stream: vLLM aborts the request; the ledger still has its output tokens.

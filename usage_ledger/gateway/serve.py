@@ -24,20 +24,25 @@ import structlog
 from litestar import Router
 
 from usage_ledger.gateway.app import GatewayApp, create_app
+from usage_ledger.gateway.fingerprint_key import load_fingerprint_key
+from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.rawclient import RawUpstream
+from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.server import HttpServer
 from usage_ledger.gateway.upstream import UpstreamClient, as_upstream, httpx_client
+from usage_ledger.ledger.checkpointer import Checkpointer
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.migrate import require_head
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter
 
 __all__ = ("ApiFactory", "Background", "bind_socket", "serve", "upstream_client")
 
-Background = Callable[[Database, asyncio.Event], Coroutine[Any, Any, None]]
+Background = Callable[[Database], Coroutine[Any, Any, None]]
 ApiFactory = Callable[[Database, Settings], Sequence[Router]]
 log = structlog.get_logger("gateway.serve")
 
@@ -76,58 +81,48 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
             await require_head(database)
         except DatabaseUnavailable as exc:
             log.warning("database_unavailable_at_start", error=str(exc), spool=settings.spool_dir)
+        fingerprint_key = load_fingerprint_key(settings)  # an unusable key file stops the start (exit 2)
+        checkpointer = Checkpointer.from_settings(settings, database)  # None unless LEDGER_CHECKPOINT_KEY is set
         writer = EventWriter(database, Spool(settings.spool_dir), batch_max_events=settings.batch_max_events)
         async with writer:
-            wake = asyncio.Event()
-            writer.on_commit(_coalesced(wake, BACKGROUND_WAKE_INTERVAL_S))
+            if checkpointer is not None:
+                checkpointer.start()
             client = upstream_client(settings)
-            tasks = [
-                asyncio.create_task(job(database, wake), name=f"background-{i}") for i, job in enumerate(background)
-            ]
+            tasks = [asyncio.create_task(job(database), name=f"background-{i}") for i, job in enumerate(background)]
+            sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
+            tasks.append(asyncio.create_task(sampler.run(), name="server-sampler"))
             try:
                 routers = api(database, settings) if api is not None else ()
-                app = create_app(settings, database=database, writer=writer, http_client=client, api_routers=routers)
+                app = create_app(
+                    settings,
+                    database=database,
+                    writer=writer,
+                    http_client=client,
+                    api_routers=routers,
+                    fingerprint_key=fingerprint_key,
+                )
+                app.proxy.recorder.watcher = sampler
+                await wait_up_to(sampler.ready.wait(), settings.server_sample_timeout_s + 1)
                 freeze_startup_heap()
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
                 await _run_server(app, settings)
             finally:
+                await sampler.last_sample()  # the calls are done: the last run's closing sample
                 for task in tasks:
                     task.cancel()
                 for task in tasks:
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await task
                 await client.aclose()
+        if checkpointer is not None:
+            await checkpointer.close()  # after the writer drained: the final checkpoint covers every call
     finally:
         await database.dispose()
 
 
-# Background jobs (the projection follower) catch up at most this often under load: one pass per
-# commit cost ~10 ms of added latency per call and half the gateway's CPU per streamed chunk.
-BACKGROUND_WAKE_INTERVAL_S = 1.0
-
-
-def _coalesced(wake: asyncio.Event, interval_s: float) -> Callable[[int], None]:
-    """A commit listener that sets `wake` at most once per `interval_s` (never later than that)."""
-    loop = asyncio.get_running_loop()
-    pending = False
-
-    def fire() -> None:
-        nonlocal pending
-        pending = False
-        wake.set()
-
-    def on_commit(_position: int) -> None:
-        nonlocal pending
-        if not pending:
-            pending = True
-            loop.call_later(interval_s, fire)
-
-    return on_commit
-
-
 async def _run_server(app: GatewayApp, settings: Settings) -> None:
     sock = bind_socket(settings.host, settings.port)
-    server = HttpServer(app.handle, max_body_bytes=settings.max_body_bytes)
+    server = HttpServer(app.handle, limits=ServerLimits.from_settings(settings), metrics=app.metrics)
     await server.start(sock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -147,6 +142,7 @@ async def _run_server(app: GatewayApp, settings: Settings) -> None:
         port=sock.getsockname()[1],
         upstream=settings.upstream,
         durability=settings.durability,
+        max_connections=server.limits.max_connections,
     )
     try:
         await stop.wait()

@@ -25,6 +25,8 @@ __all__ = (
     "ProjectionPromoted",
     "RunAnnotated",
     "Sampling",
+    "ServedModel",
+    "ServerSampled",
     "Timings",
     "Usage",
     "UsageSource",
@@ -125,6 +127,9 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     """vLLM's per-request `metrics` block, as sent (`--enable-per-request-metrics`)."""
     usage_detail: str = ""
     """Why the usage is not `reported`/`injected`, when there is more to say than the source."""
+    response_blob_omitted: str = ""
+    """Why the body is not stored although `response_bytes` were sent: `too_large` (over
+    LEDGER_MAX_STORED_BODY_BYTES) or `budget_full` (LEDGER_MAX_STORED_BYTES_IN_FLIGHT); empty: stored whole."""
 
 
 class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
@@ -140,6 +145,8 @@ class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
     chunk_count: int = 0
     timings: Timings
     usage_detail: str = ""
+    response_blob_omitted: str = ""
+    """As in `CallFinished`: why the bytes received are not stored (`response_blob` is None)."""
 
 
 class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported"):
@@ -185,6 +192,36 @@ class BlobRedacted(msgspec.Struct, frozen=True, kw_only=True, tag="blob.redacted
     reason: str
 
 
+class ServedModel(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One entry of the upstream's `/v1/models`."""
+
+    id: str
+    max_model_len: int | None = None
+    root: str | None = None
+
+
+SampleTrigger = Literal["start", "interval", "run_start", "run_end", "stop"]
+
+
+class ServerSampled(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="server.sampled"):
+    """What the upstream's `/metrics` said by `sampled_at` (its response's arrival), as picked by
+    `gateway.sampler`: counters summed over label sets, gauges as named there. `config` and
+    `models` are present when first seen after a start and whenever they change."""
+
+    upstream: str
+    sampled_at: datetime
+    requested_at: datetime | None = None
+    """When the request for it left: the text describes a moment between the two."""
+    trigger: SampleTrigger = "interval"
+    run: str | None = None
+    """The run whose first call or end triggered the sample."""
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}
+    accepted_per_pos: list[float] = []
+    config: dict[str, str] | None = None
+    models: list[ServedModel] | None = None
+
+
 Event = (
     CallStarted
     | CallFinished
@@ -194,6 +231,7 @@ Event = (
     | RunAnnotated
     | ProjectionPromoted
     | BlobRedacted
+    | ServerSampled
 )
 
 

@@ -7,7 +7,7 @@ the result down. Tests build `Settings(...)` directly.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -20,6 +20,7 @@ ENV_PREFIX = "LEDGER_"
 Durability = Literal["strict", "async"]
 SqliteSynchronous = Literal["full", "normal"]
 LogFormat = Literal["auto", "json", "console"]
+_Positive = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -42,6 +43,25 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     upstream_max_connections: int = 256
     upstream_forces_usage: bool | None = None
     """The upstream sends usage in every stream unasked (vLLM --enable-force-include-usage); unset: detected."""
+    # slow and large traffic (gateway.limits, docs/configuration.md)
+    head_timeout_s: _Positive = 30.0
+    body_timeout_s: _Positive = 60.0
+    keepalive_idle_s: _Positive = 75.0
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Open client connections; unset: derived from the file-descriptor limit."""
+    max_request_bytes_in_flight: Annotated[int, msgspec.Meta(ge=0)] = 128 * 1024 * 1024
+    max_stored_body_bytes: Annotated[int, msgspec.Meta(ge=0)] = 16 * 1024 * 1024
+    max_stored_bytes_in_flight: Annotated[int, msgspec.Meta(ge=0)] = 128 * 1024 * 1024
+    fingerprint_key_file: str | None = None
+    """The key of secret fingerprints (outside the database); unset: `ledger-fingerprint.key` beside the spool dir."""
+    # signed checkpoints (docs/auditing.md): off while checkpoint_key is unset
+    checkpoint_key: str | None = None
+    checkpoint_dir: str = "./ledger-checkpoints"
+    checkpoint_interval_s: float = 300.0
+    checkpoint_origin: str | None = None
+    # sampling the upstream's /metrics (gateway.sampler, docs/server.md): 0 = off
+    server_sample_s: float = 10.0
+    server_sample_timeout_s: float = 5.0
     # projections and reports
     run_gap_s: float = 900.0
     tz: str = "UTC"

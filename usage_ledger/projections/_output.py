@@ -18,12 +18,24 @@ __all__ = ("flatten", "print_rows")
 _encoder = msgspec.json.Encoder()
 
 
+# A run's server block in tables and CSV: the few that matter (JSON has all of it).
+_SERVER_SUMMARY = (
+    "spec_decode_acceptance_rate",
+    "kv_cache_usage_max",
+    "requests_running_mean",
+    "requests_running_max",
+    "reconciled",
+)
+
+
 def flatten(row: msgspec.Struct) -> dict[str, Any]:
     """One level of nesting flattened as `parent.child`; dicts of labels as `labels.name`."""
     out: dict[str, Any] = {}
     for name in row.__struct_fields__:
         value = getattr(row, name)
-        if isinstance(value, msgspec.Struct):
+        if name == "server":
+            out.update({f"server.{f}": getattr(value, f) if value is not None else None for f in _SERVER_SUMMARY})
+        elif isinstance(value, msgspec.Struct):
             for child in value.__struct_fields__:
                 out[f"{name}.{child}"] = getattr(value, child)
         elif isinstance(value, dict):
@@ -45,6 +57,11 @@ _SHORT = {
     "calls_per_ticker.median": "median",
     "calls_per_ticker.max": "max",
     "hours_per_100_tickers": "h/100 tickers",
+    "server.spec_decode_acceptance_rate": "accept",
+    "server.kv_cache_usage_max": "KV max",
+    "server.requests_running_mean": "running mean",
+    "server.requests_running_max": "max",
+    "server.reconciled": "reconciled",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from usage_ledger.ledger.commands import add_db_option
-from usage_ledger.projections import _cli
+from usage_ledger.projections import _cli, _server_cli
 from usage_ledger.projections.formulas import FORMULAS
 
 __all__ = ("register",)
@@ -32,9 +32,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--skip-invalid", action="store_true", help="import the valid rows of a file with bad rows")
     p.set_defaults(func=_cli.import_command)
 
-    p = sub.add_parser("report", help="runs, tickers or daily totals")
+    p = sub.add_parser("report", help="runs, tickers, daily totals, or eras (runs grouped by a label)")
     add_db_option(p)
-    p.add_argument("kind", choices=("runs", "tickers", "daily"))
+    p.add_argument("kind", choices=("runs", "tickers", "daily", "eras"))
+    p.add_argument("--by", metavar="LABEL", help="eras: the annotation label to group runs by (e.g. hardware)")
+    p.add_argument("--kind", dest="run_kind", metavar="KIND", help="eras: only runs labelled kind=KIND")
     p.add_argument("--run", help="only this run (an X-Ledger-Run value or an auto-… name)")
     p.add_argument("--tz", help="IANA time zone for days and times (else LEDGER_TZ)")
     p.add_argument("--formula", choices=formulas, help="throughput formula (default: the promoted one)")
@@ -42,6 +44,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p)
     p.set_defaults(func=_cli.report_command)
+
+    p = sub.add_parser("reconcile", help="runs whose calls and tokens differ from the server's own counters")
+    add_db_option(p)
+    p.add_argument("--run", help="only this run (shown whatever its result)")
+    p.add_argument("--all", action="store_true", help="list every run, also those that reconcile or were not sampled")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    _fmt(p)
+    p.set_defaults(func=_server_cli.reconcile_command)
+
+    p = sub.add_parser("audit", help="sampling and server config that vary within a run, or between two runs")
+    add_db_option(p)
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--against", metavar="RUN2", help="also list what differs from this run")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    _fmt(p, "table", "json")
+    p.set_defaults(func=_server_cli.audit_command)
 
     p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
     add_db_option(p)

@@ -1,12 +1,13 @@
 """Reports over the live projections: runs, tickers, daily totals, formula comparisons.
 
 Each function refreshes the projections first (catch-up to the head) unless `refresh=False`
-(the API passes False: `follow_projections` keeps them current inside `ledger serve`).
+(the API passes False: `ledger serve` runs `ledger projections run --follow` beside it, in a child process).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -14,6 +15,7 @@ from sqlalchemy import BigInteger, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import ServerSampled
 from usage_ledger.projections._aggregate import RunAcc, collect_runs, run_filter
 from usage_ledger.projections.annotations import labels_for_run, load_annotations
 from usage_ledger.projections.calls import FAILED_STATUSES
@@ -21,6 +23,7 @@ from usage_ledger.projections.engine import catch_up_all, live_version
 from usage_ledger.projections.errors import NotFound, ProjectionError
 from usage_ledger.projections.formulas import get_formula
 from usage_ledger.projections.rows import CallsPerTicker, DailyRow, RecomputeRow, RunRow, TickerRow, WeekdayRow
+from usage_ledger.projections.server import load_samples, samples_of_run, server_block
 from usage_ledger.projections.tables import calls
 
 __all__ = (
@@ -48,7 +51,7 @@ async def live_versions(database: Database, *, refresh: bool = True) -> tuple[in
     return calls_version, notes_version, formula
 
 
-def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str]) -> RunRow:
+def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str], samples: Sequence[ServerSampled]) -> RunRow:
     stats = acc.stats()
     counts = sorted(t[0] for t in acc.tickers.values())
     wall = stats.wall_s
@@ -72,6 +75,14 @@ def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str]) -> Ru
         ),
         hours_per_100_tickers=wall / 3600 * 100 / tickers if wall is not None and tickers else None,
         labels=labels,
+        server=server_block(
+            samples_of_run(samples, name),
+            acc.first_start,
+            acc.last_end,
+            completed_calls=acc.calls - acc.failed - acc.incomplete,
+            input_tokens=acc.input,
+            output_tokens=acc.output,
+        ),
     )
 
 
@@ -95,10 +106,11 @@ async def runs_report(
     async with database.engine.connect() as conn:
         runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
         notes = await load_annotations(conn, notes_version)
+        samples = await load_samples(conn)
     if run is not None and not runs:
         raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
     return [
-        _run_row(name, acc, formula, labels_for_run(notes, name, acc.first_start))
+        _run_row(name, acc, formula, labels_for_run(notes, name, acc.first_start), samples)
         for name, acc in sorted(runs.items(), key=_order)
     ]
 

@@ -6,6 +6,8 @@ from datetime import datetime
 
 import msgspec
 
+from usage_ledger.projections.server import ServerBlock
+
 __all__ = (
     "CallView",
     "CallsPage",
@@ -41,6 +43,8 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     calls_per_ticker: CallsPerTicker | None
     hours_per_100_tickers: float | None
     labels: dict[str, str] = {}
+    server: ServerBlock | None = None
+    """What the server did during the run (projections.server); None where nothing was sampled."""
 
 
 class TickerRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,0 +1,101 @@
+"""`ledger reconcile` and `ledger audit`: a run against what the server itself said (docs/server.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.projections._output import print_rows
+from usage_ledger.projections.audit import audit_run
+from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.rows import RunRow
+
+__all__ = ("audit_command", "reconcile_command")
+
+
+class ReconcileRow(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    reconciled: bool | None
+    calls: int
+    server_requests: int | None
+    requests_difference: int | None
+    """Server minus ledger: > 0 reached the server without passing through this gateway."""
+    prompt_tokens_difference: int | None
+    generation_tokens_difference: int | None
+    restarts: int
+    note: str
+
+
+def _row(run: RunRow) -> ReconcileRow:
+    server = run.server
+    difference = server.difference if server is not None else None
+    if server is None:
+        note = "not sampled (no server.sampled events around the run)"
+    elif server.restarts:
+        note = f"the server restarted {server.restarts}× during the run: its counters cover only part of it"
+    elif server.reconciled is None:
+        note = "no counter sample on both sides of the run"
+    elif server.reconciled:
+        note = "equal"
+    else:
+        note = "differs: positive = the server saw more than the ledger (traffic that bypassed the gateway)"
+    return ReconcileRow(
+        run=run.run,
+        reconciled=server.reconciled if server is not None else None,
+        calls=run.calls - run.failed_calls - run.incomplete_calls,
+        server_requests=server.server_requests if server is not None else None,
+        requests_difference=difference.requests if difference is not None else None,
+        prompt_tokens_difference=difference.prompt_tokens if difference is not None else None,
+        generation_tokens_difference=difference.generation_tokens if difference is not None else None,
+        restarts=server.restarts if server is not None else 0,
+        note=note,
+    )
+
+
+def reconcile_command(args: argparse.Namespace) -> int:
+    """Exit 0 when every run checked reconciles, 1 when one does not (2: bad usage)."""
+
+    async def main() -> int:
+        settings = settings_from_args(args, "run_gap_s")
+        configure_logging(settings.log_level, settings.log_format)
+        database = await open_checked(settings)
+        try:
+            runs = await runs_report(database, run=args.run, run_gap_s=settings.run_gap_s)
+        finally:
+            await database.dispose()
+        rows = [_row(r) for r in runs]
+        shown = rows if args.run is not None or args.all else [r for r in rows if r.reconciled is False]
+        print_rows(shown, args.output_format, title="runs that do not reconcile" if not args.all else "reconcile")
+        unchecked = sum(r.reconciled is None for r in rows)
+        if args.output_format == "table" and unchecked and args.run is None:
+            print(f"{unchecked} of {len(rows)} runs could not be checked (--all lists them)", file=sys.stderr)
+        return 1 if any(r.reconciled is False for r in rows) else 0
+
+    return run_command(main)
+
+
+def audit_command(args: argparse.Namespace) -> int:
+    """Exit 0 when there is nothing to report, 1 when there is (2: bad usage, an unknown run)."""
+
+    async def main() -> int:
+        settings = settings_from_args(args, "run_gap_s")
+        configure_logging(settings.log_level, settings.log_format)
+        database = await open_checked(settings)
+        try:
+            report = await audit_run(database, args.run, against=args.against, run_gap_s=settings.run_gap_s)
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+        elif report.findings:
+            title = f"audit of {report.run}" + (f" against {report.against}" if report.against else "")
+            print_rows(report.findings, "table", title=title)
+        else:
+            print(f"{report.run}: nothing to report")
+        return 1 if report.findings else 0
+
+    return run_command(main)

@@ -1,0 +1,153 @@
+"""`ledger audit RUN [--against RUN2]`: what makes a run's numbers incomparable (docs/server.md).
+
+Findings, each with a kind and a detail:
+- `sampling_varies` / `model_varies`: a sampling parameter (as the client sent it, `call.started`'s
+  `sampling`) or the model differs between the run's calls;
+- `server_restarted`, `server_config_changed`, `server_models_changed`: what the gateway's samples
+  of the server (`server.sampled`) show inside the run's window;
+- `differs_from_other_run`: with `--against`, a sampling parameter, the model or a server config
+  label whose value differs between the two runs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallStarted, ServerSampled, decode_event
+from usage_ledger.ledger.schema import events
+from usage_ledger.projections._aggregate import run_filter
+from usage_ledger.projections.engine import live_version
+from usage_ledger.projections.errors import NotFound
+from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.server import load_samples, samples_of_run
+from usage_ledger.projections.tables import calls
+
+__all__ = ("AuditReport", "Finding", "audit_run")
+
+_CHUNK = 500  # streams per query
+
+
+class Finding(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str
+    detail: str
+
+
+class AuditReport(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    against: str | None
+    findings: list[Finding]
+
+
+class _RunFacts(msgspec.Struct, kw_only=True):
+    values: dict[str, Counter[str]]
+    """Per parameter (sampling fields and `model`), how many calls sent each value."""
+    config: dict[str, str] | None
+
+
+def _shown(value: object) -> str:
+    return "(not sent)" if value is None else msgspec.json.encode(value).decode()
+
+
+async def _started_events(conn: AsyncConnection, call_ids: Sequence[str]) -> list[CallStarted]:
+    found: list[CallStarted] = []
+    for i in range(0, len(call_ids), _CHUNK):
+        streams = [f"call-{c}" for c in call_ids[i : i + _CHUNK]]
+        query = select(events.c.payload).where(events.c.stream.in_(streams), events.c.type == "call.started")
+        found += [e for (p,) in (await conn.execute(query)).all() if isinstance(e := decode_event(p), CallStarted)]
+    return found
+
+
+async def _facts(
+    database: Database, run: str, run_gap_s: float, samples: list[ServerSampled]
+) -> tuple[_RunFacts, list[Finding]]:
+    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=False)
+    async with database.engine.connect() as conn:
+        version, _ = await live_version(conn, "calls")
+        where = await run_filter(conn, version, run, run_gap_s)
+        if where is None:
+            raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+        ids = [r[0] for r in await conn.execute(select(calls.c.call_id).where(calls.c.version == version, where))]
+        started = await _started_events(conn, ids)
+    values: dict[str, Counter[str]] = {}
+    for event in started:
+        fields = {name: getattr(event.sampling, name) for name in event.sampling.__struct_fields__}
+        for name, value in {**fields, "model": event.model}.items():
+            values.setdefault(name, Counter())[_shown(value)] += 1
+    findings = [
+        Finding(
+            kind="model_varies" if name == "model" else "sampling_varies",
+            detail=f"{name}: " + ", ".join(f"{v} ({n} calls)" for v, n in seen.most_common()),
+        )
+        for name, seen in values.items()
+        if len(seen) > 1
+    ]
+    server = row.server
+    if server is not None and server.restarts:
+        findings.append(Finding(kind="server_restarted", detail=f"{server.restarts}× (its counters went down)"))
+    if server is not None and server.window_start is not None and server.window_end is not None:
+        findings += _changes(samples_of_run(samples, run), server.window_start, server.window_end)
+    return _RunFacts(values=values, config=server.config if server is not None else None), findings
+
+
+def _changes(samples: Sequence[ServerSampled], start: datetime, end: datetime) -> list[Finding]:
+    """Config and served models that change inside [start, end] (against what was in effect before)."""
+    found: list[Finding] = []
+    config: dict[str, str] | None = None
+    models: list[str] | None = None
+    for sample in (s for s in samples if s.sampled_at <= end):
+        inside = sample.sampled_at >= start
+        when = sample.sampled_at.isoformat()
+        if sample.config is not None:
+            if inside and config is not None and sample.config != config:
+                changed = sorted(k for k in {*config, *sample.config} if config.get(k) != sample.config.get(k))
+                detail = ", ".join(f"{k}: {config.get(k)} → {sample.config.get(k)}" for k in changed)
+                found.append(Finding(kind="server_config_changed", detail=f"at {when}: {detail}"))
+            config = sample.config
+        if sample.models is not None:
+            names = [f"{m.id} (max_model_len {m.max_model_len})" for m in sample.models]
+            if inside and models is not None and names != models:
+                found.append(Finding(kind="server_models_changed", detail=f"at {when}: {models} → {names}"))
+            models = names
+    return found
+
+
+def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) -> list[Finding]:
+    found: list[Finding] = []
+    for name in sorted({*mine.values, *other.values}):
+        a = sorted(mine.values.get(name, Counter()))
+        b = sorted(other.values.get(name, Counter()))
+        if a != b:
+            found.append(Finding(kind="differs_from_other_run", detail=f"{name}: {run} {a} vs {other_run} {b}"))
+    if mine.config is not None and other.config is not None:
+        for key in sorted({*mine.config, *other.config}):
+            if mine.config.get(key) != other.config.get(key):
+                found.append(
+                    Finding(
+                        kind="differs_from_other_run",
+                        detail=f"server {key}: {run} {mine.config.get(key)} vs {other_run} {other.config.get(key)}",
+                    )
+                )
+    elif (mine.config is None) != (other.config is None):
+        unsampled = run if mine.config is None else other_run
+        found.append(Finding(kind="differs_from_other_run", detail=f"server config: {unsampled} was not sampled"))
+    return found
+
+
+async def audit_run(
+    database: Database, run: str, *, against: str | None = None, run_gap_s: float = 900.0
+) -> AuditReport:
+    await runs_report(database, run=run, run_gap_s=run_gap_s)  # catches the projections up; NotFound if no run
+    async with database.engine.connect() as conn:
+        samples = await load_samples(conn)
+    facts, findings = await _facts(database, run, run_gap_s, samples)
+    if against is not None:
+        other, _ = await _facts(database, against, run_gap_s, samples)
+        findings += _differences(run, facts, against, other)
+    return AuditReport(run=run, against=against, findings=findings)

@@ -1,0 +1,76 @@
+"""`ledger report eras --by LABEL`: runs grouped by an annotation label, e.g. one row per GPU era.
+
+A run's group is its value of the label (`ledger annotate --run R --hardware …`, or any label);
+for `model`, a run without the label falls back to its calls' model. Runs without a value form
+the group `null`. `--kind KIND` keeps the runs labelled `kind=KIND`. Throughput is each run's under
+the formula (the promoted one unless given), so the same runs give different eras per formula.
+"""
+
+from __future__ import annotations
+
+import statistics
+from zoneinfo import ZoneInfo
+
+import msgspec
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.rows import RunRow
+
+__all__ = ("EraRow", "eras_report")
+
+
+class EraRow(msgspec.Struct, frozen=True, kw_only=True):
+    group: str | None
+    runs: int
+    days: int
+    """Distinct local days (in the report's zone) on which the group's runs started."""
+    mean_throughput_tps: float | None
+    median_throughput_tps: float | None
+    min_throughput_tps: float | None
+    max_throughput_tps: float | None
+    mean_wall_s: float | None
+    formula: str
+
+
+def _group(run: RunRow, label: str) -> str | None:
+    value = run.labels.get(label)
+    if value is None and label == "model":
+        return run.model
+    return value
+
+
+def _era(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) -> EraRow:
+    rates = [r.throughput_tps for r in runs if r.throughput_tps is not None]
+    walls = [r.wall_s for r in runs if r.wall_s is not None]
+    days = {r.started_at.astimezone(zone).date() for r in runs if r.started_at is not None}
+    return EraRow(
+        group=group,
+        runs=len(runs),
+        days=len(days),
+        mean_throughput_tps=statistics.fmean(rates) if rates else None,
+        median_throughput_tps=statistics.median(rates) if rates else None,
+        min_throughput_tps=min(rates) if rates else None,
+        max_throughput_tps=max(rates) if rates else None,
+        mean_wall_s=statistics.fmean(walls) if walls else None,
+        formula=formula,
+    )
+
+
+async def eras_report(
+    database: Database,
+    *,
+    by: str,
+    kind: str | None = None,
+    formula: str | None = None,
+    zone: ZoneInfo,
+    run_gap_s: float = 900.0,
+) -> list[EraRow]:
+    """One row per value of `by`, in order of each group's first run."""
+    runs = await runs_report(database, formula=formula, run_gap_s=run_gap_s)
+    groups: dict[str | None, list[RunRow]] = {}
+    for run in runs:  # runs_report orders by first call start
+        if kind is None or run.labels.get("kind") == kind:
+            groups.setdefault(_group(run, by), []).append(run)
+    used = runs[0].formula if runs else (formula or "")
+    return [_era(group, members, zone, used) for group, members in groups.items()]

@@ -1,0 +1,184 @@
+"""What the server did during a run, from the gateway's `server.sampled` events (docs/server.md).
+
+A run's window is bracketed by samples: the last one whose response arrived before its first call
+did, and the first one requested after its last call ended (`ledger serve` samples when a run goes
+idle); a sample describes some moment between its request and its response. Counter
+figures are deltas over that window, summed pair by pair; a counter that goes down means the
+server restarted, and the pair across the restart is dropped (never a negative or merged delta).
+Gauge figures (KV cache, running, waiting) are over the samples inside the window.
+
+Reconciliation compares the window's deltas with the run's calls that completed: one engine
+request and one prompt per call. vLLM counts a call with `n` > 1 as n requests (the prompt n
+times) and an embeddings call with k inputs as k requests, so runs with such calls show a gap.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.events import ServerSampled, decode_event
+from usage_ledger.ledger.schema import events
+
+__all__ = ("Reconciliation", "ServerBlock", "load_samples", "samples_of_run", "server_block")
+
+_COUNTER_SOURCE = "vllm counter deltas over the run window ({} samples)"
+_GAUGE_SOURCE = "vllm gauges in {} samples inside the run window"
+
+
+class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
+    """Server minus ledger, per quantity: > 0 reached the server without passing through this gateway."""
+
+    requests: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+class ServerBlock(msgspec.Struct, frozen=True, kw_only=True):
+    spec_decode_acceptance_rate: float | None
+    spec_decode_mean_acceptance_length: float | None
+    kv_cache_usage_max: float | None
+    requests_running_mean: float | None
+    requests_running_max: float | None
+    requests_waiting_max: float | None
+    preemptions: int | None
+    prefix_cache_hit_rate: float | None
+    server_prompt_tokens: int | None
+    server_generation_tokens: int | None
+    server_requests: int | None
+    reconciled: bool | None
+    """None when the window has no sample on one side, or the server restarted inside it."""
+    difference: Reconciliation | None
+    restarts: int
+    config: dict[str, str] | None
+    samples: int
+    window_start: datetime | None
+    window_end: datetime | None
+    sources: dict[str, str]
+
+
+async def load_samples(conn: AsyncConnection) -> list[ServerSampled]:
+    """Every `server.sampled` event, oldest first (a few thousand a day at the default 10 s)."""
+    query = select(events.c.payload).where(events.c.type == "server.sampled").order_by(events.c.position)
+    found = [decode_event(payload) for (payload,) in (await conn.execute(query)).all()]
+    return sorted((e for e in found if isinstance(e, ServerSampled)), key=lambda e: e.sampled_at)
+
+
+def samples_of_run(samples: Sequence[ServerSampled], run: str) -> list[ServerSampled]:
+    """The samples of the upstream the run went to: the one whose sample its first call triggered
+    (or the only upstream sampled); none when that cannot be told."""
+    upstreams = {s.upstream for s in samples if s.run == run} or {s.upstream for s in samples}
+    if len(upstreams) != 1:
+        return []
+    (upstream,) = upstreams
+    return [s for s in samples if s.upstream == upstream]
+
+
+def _deltas(window: Sequence[ServerSampled]) -> tuple[dict[str, float], int]:
+    """Per counter, the sum of its increases between consecutive samples; and the restarts seen."""
+    totals: dict[str, float] = {}
+    restarts = 0
+    for before, after in itertools.pairwise(window):
+        if any(after.counters.get(name, 0.0) < value for name, value in before.counters.items()):
+            restarts += 1  # the server restarted between these two: this pair says nothing
+            continue
+        for name, value in after.counters.items():
+            totals[name] = totals.get(name, 0.0) + value - before.counters.get(name, 0.0)
+    return totals, restarts
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def _count(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def server_block(
+    samples: Sequence[ServerSampled],
+    started_at: datetime | None,
+    ended_at: datetime | None,
+    *,
+    completed_calls: int,
+    input_tokens: int,
+    output_tokens: int,
+) -> ServerBlock | None:
+    """The run's block, or None when no sample brackets or falls inside its window."""
+    if started_at is None:
+        return None
+    end = ended_at or started_at
+    before = [s for s in samples if s.sampled_at <= started_at]
+    after = [s for s in samples if (s.requested_at or s.sampled_at) >= end]
+    inside = [s for s in samples if started_at < s.sampled_at and (s.requested_at or s.sampled_at) < end]
+    window = before[-1:] + inside + after[:1]
+    if not window or (not inside and not (before and after)):
+        return None
+    bracketed = bool(before and after)
+    deltas, restarts = _deltas(window) if bracketed else ({}, 0)
+
+    def delta(name: str) -> float | None:
+        return deltas.get(name) if bracketed and name in window[-1].counters else None
+
+    drafts = delta("vllm:spec_decode_num_drafts_total")
+    draft_tokens = delta("vllm:spec_decode_num_draft_tokens_total")
+    accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
+    queries = delta("vllm:prefix_cache_queries_total")
+    requests = _count(delta("vllm:request_success_total"))
+    prompt = _count(delta("vllm:prompt_tokens_total"))
+    generation = _count(delta("vllm:generation_tokens_total"))
+    gauges = inside or window
+    running = [s.gauges["vllm:num_requests_running"] for s in gauges if "vllm:num_requests_running" in s.gauges]
+    kv = [s.gauges["vllm:kv_cache_usage_perc"] for s in gauges if "vllm:kv_cache_usage_perc" in s.gauges]
+    waiting = [s.gauges["vllm:num_requests_waiting"] for s in gauges if "vllm:num_requests_waiting" in s.gauges]
+    difference = None
+    reconciled = None
+    if requests is not None and prompt is not None and generation is not None and restarts == 0:
+        difference = Reconciliation(
+            requests=requests - completed_calls,
+            prompt_tokens=prompt - input_tokens,
+            generation_tokens=generation - output_tokens,
+        )
+        reconciled = difference == Reconciliation(requests=0, prompt_tokens=0, generation_tokens=0)
+    configs = [s.config for s in samples if s.config is not None and s.sampled_at <= window[-1].sampled_at]
+    counter_source = _COUNTER_SOURCE.format(len(window))
+    gauge_source = _GAUGE_SOURCE.format(len(gauges))
+    return ServerBlock(
+        spec_decode_acceptance_rate=_ratio(accepted, draft_tokens),
+        spec_decode_mean_acceptance_length=1 + accepted / drafts if accepted is not None and drafts else None,
+        kv_cache_usage_max=max(kv) if kv else None,
+        requests_running_mean=sum(running) / len(running) if running else None,
+        requests_running_max=max(running) if running else None,
+        requests_waiting_max=max(waiting) if waiting else None,
+        preemptions=_count(delta("vllm:num_preemptions_total")),
+        prefix_cache_hit_rate=_ratio(delta("vllm:prefix_cache_hits_total"), queries),
+        server_prompt_tokens=prompt,
+        server_generation_tokens=generation,
+        server_requests=requests,
+        reconciled=reconciled,
+        difference=difference,
+        restarts=restarts,
+        config=configs[-1] if configs else None,
+        samples=len(window),
+        window_start=window[0].sampled_at,
+        window_end=window[-1].sampled_at,
+        sources={
+            "spec_decode_acceptance_rate": counter_source,
+            "spec_decode_mean_acceptance_length": counter_source,
+            "preemptions": counter_source,
+            "prefix_cache_hit_rate": counter_source,
+            "server_prompt_tokens": counter_source,
+            "server_generation_tokens": counter_source,
+            "server_requests": counter_source,
+            "kv_cache_usage_max": gauge_source,
+            "requests_running_mean": gauge_source,
+            "requests_running_max": gauge_source,
+            "requests_waiting_max": gauge_source,
+            "config": "vllm:cache_config_info labels, last seen by the end of the window",
+        },
+    )
