@@ -71,8 +71,8 @@ def running_stack(vllm_server: Callable[[str], VllmServer], config: str, tmp: Pa
     """vLLM for `config` (shared, see conftest) and a fresh `ledger serve` in front of it, on `db_url`."""
     server = vllm_server(config)
     upgrade(db_url)
-    # samples vLLM's /metrics twice a second, so that a run's opening sample is recent (tests/realvllm/sampling.py)
-    proc = gateway(tmp, server.url, db_url, env={"LEDGER_SERVER_SAMPLE_S": "0.5"}).start()
+    # samples vLLM's /metrics every second, so that a run's opening sample is recent (tests/realvllm/sampling.py)
+    proc = gateway(tmp, server.url, db_url, env={"LEDGER_SERVER_SAMPLE_S": "1"}).start()
     try:
         yield Stack(config, server, proc, db_url)
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 from tests.realvllm import harness
 from tests.realvllm.checks import Stack, sent_usage
 
-QUIET_S = 1.5
+QUIET_S = 2.0
 """Before a run: longer than the stack's sampling interval, so that earlier tests' traffic is behind the opening sample."""
 
 

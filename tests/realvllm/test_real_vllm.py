@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -240,6 +241,14 @@ class GenerateTier:
         are a lower bound of vLLM's, and its one failed call has no counterpart in vLLM's requests.
         """
         run = f"{stack.config}-abort"
+        # The run's first call makes the gateway sample vLLM's /metrics (tests/realvllm/sampling.py); on
+        # two busy CPU cores vLLM then held this stream's first token back ~1.5 s while its engine ran
+        # ahead, so the whole stream had arrived before the client could leave. A short call first.
+        warm_up = harness.sdk_client(stack.gateway_url, **{"X-Ledger-Run": run, "X-Ledger-Tag-Case": "warm-up"})
+        warm_up.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=1, temperature=0
+        )
+        time.sleep(sampling.QUIET_S)
         client = harness.sdk_client(stack.gateway_url, **{"X-Ledger-Run": run, "X-Ledger-Tag-Case": "abort"})
         before = harness.scrape_counters(stack.vllm.url)
         seen = 0
@@ -255,7 +264,7 @@ class GenerateTier:
                 if seen == 4:
                     break  # leaving the block closes the connection mid-stream
         vllm = harness.scrape_counters(stack.vllm.url) - before
-        calls = harness.ledger_calls(stack.db_url, run)
+        calls = [c for c in harness.ledger_calls(stack.db_url, run) if c.case == "abort"]
         assert len(calls) == 1 and calls[0].end is not None, calls
         call, end = calls[0], calls[0].end
         assert call.completion_tokens > 0, f"the aborted stream recorded no output tokens: {end}"

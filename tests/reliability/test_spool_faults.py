@@ -33,9 +33,10 @@ pytestmark = pytest.mark.slow
 
 
 async def _event_ids(db_url: str) -> list[str]:
+    """The ids of the calls' events (the gateway also appends its samples of the upstream, `server.sampled`)."""
     database = open_database(db_url, null_pool=True)
     try:
-        return [str(e.event_id) async for e in iter_events(database)]
+        return [str(e.event_id) async for e in iter_events(database) if e.stream.startswith("call-")]
     finally:
         await database.dispose()
 
@@ -186,5 +187,5 @@ async def test_kill_9_in_the_middle_of_a_replay_loses_and_doubles_nothing(
         await asyncio.to_thread(gw.stop)
     ids = await _event_ids(backend_url)
     assert ids == [str(e.event_id) for r in records for e in r.events]  # each once, in spool order
-    assert await verify_fast(backend_url) == total
+    assert await verify_fast(backend_url) >= total  # and the samples of the upstream
     print(f"\nSPOOL kill -9 mid-replay: killed with {killed_at} of {total} events replayed; 0 lost, 0 doubled")
