@@ -132,7 +132,7 @@ class ServerSampler:
                 return False
             if response.status_code != 200:
                 raise MetricsUnreadable(f"/metrics answered {response.status_code}")
-            parsed = await asyncio.to_thread(parse_metrics, response.text)  # ~10 ms of parsing off the loop
+            parsed = await asyncio.to_thread(parse_metrics, response.text)  # pure-Python parsing, off the loop
             models = await self._served_models(client)
         except (httpx.HTTPError, MetricsUnreadable) as exc:
             self._warn(f"{type(exc).__name__}: {exc}")

@@ -26,6 +26,7 @@ from usage_ledger.projections._aggregate import run_filter
 from usage_ledger.projections.engine import live_version
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.rows import RunRow
 from usage_ledger.projections.server import load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
@@ -65,9 +66,9 @@ async def _started_events(conn: AsyncConnection, call_ids: Sequence[str]) -> lis
 
 
 async def _facts(
-    database: Database, run: str, run_gap_s: float, samples: list[ServerSampled]
+    database: Database, row: RunRow, run_gap_s: float, samples: list[ServerSampled]
 ) -> tuple[_RunFacts, list[Finding]]:
-    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=False)
+    run = row.run
     async with database.engine.connect() as conn:
         version, _ = await live_version(conn, "calls")
         where = await run_filter(conn, version, run, run_gap_s)
@@ -143,11 +144,12 @@ def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) ->
 async def audit_run(
     database: Database, run: str, *, against: str | None = None, run_gap_s: float = 900.0
 ) -> AuditReport:
-    await runs_report(database, run=run, run_gap_s=run_gap_s)  # catches the projections up; NotFound if no run
+    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s)  # catches up first; NotFound if no run
     async with database.engine.connect() as conn:
         samples = await load_samples(conn)
-    facts, findings = await _facts(database, run, run_gap_s, samples)
+    facts, findings = await _facts(database, row, run_gap_s, samples)
     if against is not None:
-        other, _ = await _facts(database, against, run_gap_s, samples)
+        (other_row,) = await runs_report(database, run=against, run_gap_s=run_gap_s, refresh=False)
+        other, _ = await _facts(database, other_row, run_gap_s, samples)
         findings += _differences(run, facts, against, other)
     return AuditReport(run=run, against=against, findings=findings)
