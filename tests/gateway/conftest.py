@@ -1,4 +1,4 @@
-"""Gateway fixtures: the app factory wired to a real ledger (both backends) and an injected upstream."""
+"""Gateway fixtures: the gateway on a loopback port (`tests.gateway.live`) over a real ledger (both backends)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
-from usage_ledger.gateway.app import GatewayApp, create_app
+from usage_ledger.gateway.app import GatewayApp
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event
 from usage_ledger.ledger.read import iter_events
@@ -32,7 +33,8 @@ class Rig:
 
 
 def make_settings(**overrides: object) -> Settings:
-    return Settings(upstream="http://upstream.test", **overrides)  # type: ignore[arg-type]
+    """Settings for a test gateway; `live_gateway` sets `upstream` to the real upstream's address."""
+    return Settings(upstream="http://upstream.invalid", **overrides)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -43,9 +45,10 @@ def settings() -> Settings:
 @pytest.fixture
 async def rig(database: Database, settings: Settings, tmp_path: Path) -> AsyncIterator[Rig]:
     upstream = FakeUpstream()
-    upstream_client = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(settings, database=database, writer=writer, http_client=upstream_client)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as client:
-            yield Rig(app=app, client=client, upstream=upstream, writer=writer, database=database)
-    await upstream_client.aclose()
+    async with (
+        serving(upstream) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
+    ):
+        yield Rig(app=gateway.app, client=client, upstream=upstream, writer=writer, database=database)

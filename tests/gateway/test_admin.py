@@ -6,8 +6,8 @@ import httpx
 from litestar import Router, get
 
 from tests.gateway.conftest import make_settings
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
-from usage_ledger.gateway.app import create_app
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
@@ -20,44 +20,42 @@ async def ping() -> dict[str, str]:
 
 async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Path) -> None:
     settings = make_settings(admin_token="s3cret")
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=FakeUpstream()), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(
+    async with (
+        serving(FakeUpstream()) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(
             settings,
             database=database,
             writer=writer,
-            http_client=upstream,
+            upstream=upstream_url,
             api_routers=[Router(path="/extra", route_handlers=[ping])],
-        )
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
-            call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
-            call_id = call.headers["x-ledger-call-id"]
-            auth = {"authorization": "Bearer s3cret"}
+        ) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
+    ):
+        call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
+        call_id = call.headers["x-ledger-call-id"]
+        auth = {"authorization": "Bearer s3cret"}
 
-            health = await client.get("/_ledger/health")
-            assert health.status_code == 200 and health.json()["status"] == "ok"
-            for path in (
-                "/_ledger/metrics",
-                f"/_ledger/api/calls/{call_id}/events",
-                "/_ledger/api/extra/ping",
-                "/_ledger/api/schema/openapi.json",
-            ):
-                assert (await client.get(path)).status_code == 401, path
-                assert (await client.get(path, headers={"authorization": "Bearer wrong"})).status_code == 401
-                assert (await client.get(path, headers=auth)).status_code == 200, path
+        health = await client.get("/_ledger/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        for path in (
+            "/_ledger/metrics",
+            f"/_ledger/api/calls/{call_id}/events",
+            "/_ledger/api/extra/ping",
+            "/_ledger/api/schema/openapi.json",
+        ):
+            assert (await client.get(path)).status_code == 401, path
+            assert (await client.get(path, headers={"authorization": "Bearer wrong"})).status_code == 401
+            assert (await client.get(path, headers=auth)).status_code == 200, path
 
-            metrics = (await client.get("/_ledger/metrics", headers=auth)).text
-            assert 'ledger_gateway_calls_total{status="200"} 1' in metrics
-            assert 'ledger_gateway_call_duration_seconds_bucket{le="+Inf"} 1' in metrics
-            assert "ledger_gateway_call_duration_seconds_count 1" in metrics
-            detail = (await client.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
-            assert [e["type"] for e in detail["events"]] == ["call.started", "call.finished"]
-            assert detail["events"][1]["body"]["usage"]["completion_tokens"] == 2
-            assert (await client.get("/_ledger/api/calls/nope", headers=auth)).status_code == 404
-            schema = (await client.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
-            assert (
-                "/_ledger/api/calls/{call_id}/events" in schema["paths"]
-                and "/_ledger/api/extra/ping" in schema["paths"]
-            )
-            assert (await client.get("/_ledger/api/extra/ping", headers=auth)).json() == {"pong": "yes"}
-    await upstream.aclose()
+        metrics = (await client.get("/_ledger/metrics", headers=auth)).text
+        assert 'ledger_gateway_calls_total{status="200"} 1' in metrics
+        assert 'ledger_gateway_call_duration_seconds_bucket{le="+Inf"} 1' in metrics
+        assert "ledger_gateway_call_duration_seconds_count 1" in metrics
+        detail = (await client.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
+        assert [e["type"] for e in detail["events"]] == ["call.started", "call.finished"]
+        assert detail["events"][1]["body"]["usage"]["completion_tokens"] == 2
+        assert (await client.get("/_ledger/api/calls/nope", headers=auth)).status_code == 404
+        schema = (await client.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
+        assert "/_ledger/api/calls/{call_id}/events" in schema["paths"] and "/_ledger/api/extra/ping" in schema["paths"]
+        assert (await client.get("/_ledger/api/extra/ping", headers=auth)).json() == {"pong": "yes"}

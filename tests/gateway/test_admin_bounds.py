@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import make_settings
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
-from usage_ledger.gateway.app import create_app
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.read import head_position
 from usage_ledger.ledger.spool import Spool
@@ -26,20 +26,21 @@ AUTH = {"authorization": "Bearer s3cret"}
 async def admin(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     """The gateway with the read API mounted, one recorded call; yields the client and the call id."""
     settings = make_settings(admin_token="s3cret")
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=FakeUpstream()), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(
+    async with (
+        serving(FakeUpstream()) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(
             settings,
             database=database,
             writer=writer,
-            http_client=upstream,
+            upstream=upstream_url,
             api_routers=build_api_routers(database, settings),
-        )
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
-            call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
-            await catch_up_all(database)
-            yield client, call.headers["x-ledger-call-id"]
-    await upstream.aclose()
+        ) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
+    ):
+        call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
+        await catch_up_all(database)
+        yield client, call.headers["x-ledger-call-id"]
 
 
 async def _head(database: Database) -> int:

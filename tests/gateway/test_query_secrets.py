@@ -285,7 +285,7 @@ async def test_stored_query_is_redacted_and_the_upstream_gets_it_unchanged(datab
         settings = Settings(upstream=f"http://127.0.0.1:{upstream_port}")
         upstream = RawUpstream(settings)
         async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-            app = create_app(settings, database=database, writer=writer, http_client=upstream, fingerprint_key=KEY)
+            app = create_app(settings, database=database, writer=writer, upstream=upstream, fingerprint_key=KEY)
             sock = bind_socket("127.0.0.1", 0)
             server = HttpServer(app.handle, max_body_bytes=1 << 20)
             await server.start(sock)

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from tests.gateway.conftest import make_settings
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
 from tests.gateway.wire import read_response
-from usage_ledger.gateway.app import create_app
 from usage_ledger.gateway.asgi import run_asgi
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
@@ -299,23 +299,24 @@ async def test_asgi_streaming_response_and_disconnect() -> None:
 async def test_gateway_app_admin_and_proxy_through_the_server(database: Database, tmp_path: Path) -> None:
     """The real app: /_ledger/ through the ASGI adapter (token, metrics, OpenAPI), the rest proxied."""
     settings = make_settings(admin_token="s3cret")
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=FakeUpstream()), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(settings, database=database, writer=writer, http_client=upstream)
-        async with running(app.handle) as (_, port), httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            call = await http.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
-            assert call.status_code == 200 and call.json()["usage"]["completion_tokens"] == 2
-            call_id = call.headers["x-ledger-call-id"]
-            stream = await http.post("/v1/chat/completions", content=b'{"model":"m","stream":true,"max_tokens":3}')
-            assert stream.text.endswith("data: [DONE]\n\n") and '"usage"' not in stream.text
-            assert (await http.get("/_ledger/health")).json()["status"] == "ok"
-            auth = {"authorization": "Bearer s3cret"}
-            assert (await http.get("/_ledger/metrics")).status_code == 401
-            metrics = await http.get("/_ledger/metrics", headers=auth)
-            assert 'ledger_gateway_calls_total{status="200"} 2' in metrics.text
-            events = (await http.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
-            assert [e["type"] for e in events["events"]] == ["call.started", "call.finished"]
-            schema = (await http.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
-            assert "/_ledger/api/calls/{call_id}/events" in schema["paths"]
-            assert (await http.get("/_ledger/nope", headers=auth)).status_code == 404
-    await upstream.aclose()
+    async with (
+        serving(FakeUpstream()) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as http,
+    ):
+        call = await http.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
+        assert call.status_code == 200 and call.json()["usage"]["completion_tokens"] == 2
+        call_id = call.headers["x-ledger-call-id"]
+        stream = await http.post("/v1/chat/completions", content=b'{"model":"m","stream":true,"max_tokens":3}')
+        assert stream.text.endswith("data: [DONE]\n\n") and '"usage"' not in stream.text
+        assert (await http.get("/_ledger/health")).json()["status"] == "ok"
+        auth = {"authorization": "Bearer s3cret"}
+        assert (await http.get("/_ledger/metrics")).status_code == 401
+        metrics = await http.get("/_ledger/metrics", headers=auth)
+        assert 'ledger_gateway_calls_total{status="200"} 2' in metrics.text
+        events = (await http.get(f"/_ledger/api/calls/{call_id}/events", headers=auth)).json()
+        assert [e["type"] for e in events["events"]] == ["call.started", "call.finished"]
+        schema = (await http.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
+        assert "/_ledger/api/calls/{call_id}/events" in schema["paths"]
+        assert (await http.get("/_ledger/nope", headers=auth)).status_code == 404

@@ -22,9 +22,9 @@ import httpx
 import pytest
 import zstandard
 
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.transcripts import Transcript, expected_metrics, expected_usage, load_transcripts
 from tests.gateway.upstream import read_body
-from usage_ledger.gateway.app import create_app
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFailed, CallFinished, Event
 from usage_ledger.ledger.migrate import upgrade_database
@@ -128,12 +128,13 @@ async def replay(
 ) -> tuple[httpx.Response, list[Event]]:
     settings = settings or Settings(upstream="http://vllm.test")
     t = upstream.transcript
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(settings, database=database, writer=writer, http_client=client)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as http:
-            resp = await http.request(t.method, t.path, content=t.request_body)
-    await client.aclose()
+    async with (
+        serving(upstream) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as http,
+    ):
+        resp = await http.request(t.method, t.path, content=t.request_body)
     return resp, [stored.body() async for stored in iter_events(database)]
 
 
@@ -238,13 +239,14 @@ async def test_once_the_upstream_forces_usage_streams_are_no_longer_rewritten(
     transcript = BY_NAME["force_usage_metrics/chat_stream"]
     upstream = ReplayUpstream(transcript)
     settings = Settings(upstream="http://vllm.test")
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=upstream), base_url=settings.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(settings, database=database, writer=writer, http_client=client)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway.test") as http:
-            first = await http.post(transcript.path, content=transcript.request_body)
-            second = await http.post(transcript.path, content=transcript.request_body)
-    await client.aclose()
+    async with (
+        serving(upstream) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as http,
+    ):
+        first = await http.post(transcript.path, content=transcript.request_body)
+        second = await http.post(transcript.path, content=transcript.request_body)
     assert first.content == second.content == transcript.body  # the usage chunk the client gets directly, too
     assert upstream.requests[0] != transcript.request_body  # asked once ...
     assert upstream.requests[1] == transcript.request_body  # ... then known: forwarded as sent

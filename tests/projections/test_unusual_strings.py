@@ -17,7 +17,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import msgspec
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -26,11 +25,9 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 
+from tests.gateway.live import live_gateway, serving
 from tests.gateway.wire import read_response
 from tests.projections.helpers import T0, append, at, finished
-from usage_ledger.gateway.app import create_app
-from usage_ledger.gateway.serve import bind_socket
-from usage_ledger.gateway.server import HttpServer
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, CallStarted, RunAnnotated, new_event
 from usage_ledger.ledger.read import head_position, iter_events
@@ -181,18 +178,12 @@ def _escaped(raw: bytes, unsafe: bytes) -> bytes:
 @pytest.fixture
 async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[int]:
     """The gateway's own HTTP/1.1 server on a loopback port (the bytes a client sends reach it as sent)."""
-    settings_ = Settings(upstream="http://upstream.test")
-    upstream = httpx.AsyncClient(transport=httpx.ASGITransport(app=_Upstream()), base_url=settings_.upstream)
-    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
-        app = create_app(settings_, database=database, writer=writer, http_client=upstream)
-        sock = bind_socket("127.0.0.1", 0)
-        server = HttpServer(app.handle, max_body_bytes=1 << 20)
-        await server.start(sock)
-        try:
-            yield sock.getsockname()[1]
-        finally:
-            await server.shutdown(grace_s=5)
-    await upstream.aclose()
+    async with (
+        serving(_Upstream()) as upstream_url,
+        EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(Settings(max_body_bytes=1 << 20), database=database, writer=writer, upstream=upstream_url) as gw,
+    ):
+        yield int(gw.url.rsplit(":", 1)[1])
 
 
 async def _send(port: int, head: bytes, body: bytes) -> tuple[int, dict[str, str], bytes]:

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.gateway.live import live_gateway, serving
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
-from usage_ledger.gateway.app import create_app
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
 from usage_ledger.ledger.db import Database
@@ -140,14 +140,14 @@ LIMIT = 4096
 @pytest.fixture
 async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Capture]]:
     capture = Capture()
-    settings = Settings(upstream="http://upstream.test", max_body_bytes=LIMIT)
+    settings = Settings(max_body_bytes=LIMIT)
     async with (
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=capture), base_url=settings.upstream) as upstream,
+        serving(capture) as upstream_url,
         EventWriter(database, Spool(tmp_path / "spool")) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
     ):
-        app = create_app(settings, database=database, writer=writer, http_client=upstream)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
-            yield client, capture
+        yield client, capture
 
 
 BAD_BODIES = [

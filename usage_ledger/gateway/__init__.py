@@ -1,6 +1,7 @@
 """The gateway: a byte-transparent, recording reverse proxy in front of an OpenAI-compatible server.
 
-Imports `ledger` only. Entry points: `create_app` (the ASGI app) and `commands.register` (`ledger serve`).
+Imports `ledger` only. Entry points: `serve` (what `ledger serve` runs), `create_app` (the gateway
+behind `gateway.server`) and `commands.register`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from usage_ledger.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from usage_ledger.gateway.rawclient import RawResponse, RawUpstream
 from usage_ledger.gateway.serve import Background, serve
 from usage_ledger.gateway.sse import SseEvent, SseScanner
-from usage_ledger.gateway.upstream import UpstreamClient, UpstreamResponse, httpx_client
 
 __all__ = (
     "Background",
@@ -25,15 +26,14 @@ __all__ = (
     "GatewayApp",
     "GatewayError",
     "InvalidLedgerHeader",
+    "RawResponse",
+    "RawUpstream",
     "SseEvent",
     "SseScanner",
-    "UpstreamClient",
     "UpstreamError",
     "UpstreamReset",
-    "UpstreamResponse",
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "create_app",
-    "httpx_client",
     "serve",
 )

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from usage_ledger.gateway.client import AbortResponse, Client, json_headers
+from usage_ledger.gateway.client import AbortResponse, json_headers
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, UpstreamError
+from usage_ledger.gateway.exchange import Exchange
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
 from usage_ledger.gateway.inspect import (
     USAGE_REQUEST_PATHS,
@@ -36,7 +37,6 @@ from usage_ledger.gateway.rawclient import RawResponse
 from usage_ledger.gateway.recorder import NotRecorded, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
 from usage_ledger.gateway.secrets import recorded_query
-from usage_ledger.gateway.upstream import UpstreamResponse
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from usage_ledger.ledger.writer import Durable
 
@@ -265,10 +265,10 @@ class Call:
             self.client_gone = True
             self.task.cancel()
 
-    async def run(self, client: Client) -> None:
+    async def run(self, client: Exchange) -> None:
         task = self.task = asyncio.current_task()
         assert task is not None
-        response: UpstreamResponse | None = None
+        response: RawResponse | None = None
         try:
             try:
                 response = await self.proxy.upstream.send(
@@ -307,16 +307,16 @@ class Call:
     def _extra_headers(self) -> list[Header]:
         return [self.id_header] if self.recorded else []
 
-    async def _fail_before_response(self, client: Client, exc: GatewayError, phase: str, reason: str) -> None:
+    async def _fail_before_response(self, client: Exchange, exc: GatewayError, phase: str, reason: str) -> None:
         self.started()
         self.status = exc.status
         await self._failed(phase, reason, exc.message, wait=True)
         self.done = True
         body = exc.body()
-        await client.start(exc.status, json_headers(body, self._extra_headers()))
-        await client.end(body)
+        client.start_now(exc.status, json_headers(body, self._extra_headers()))
+        client.end_now(body)
 
-    async def _relay(self, response: UpstreamResponse, client: Client) -> None:
+    async def _relay(self, response: RawResponse, client: Exchange) -> None:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
@@ -331,29 +331,21 @@ class Call:
         self.started()
         if self.started_durable is not None:
             await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
-        await client.start(response.status, out_headers)
+        client.start_now(response.status, out_headers)
         try:
-            push = client.push
-            if push is not None and isinstance(response, RawResponse):
-                feed = relay.feed
+            push, feed = client.push, relay.feed
 
-                def sink(chunk: bytes) -> None:
-                    out = feed(chunk)
-                    if out:
-                        self.client_bytes += len(out)
-                        push(out)
+            def sink(chunk: bytes) -> None:
+                out = feed(chunk)
+                if out:
+                    self.client_bytes += len(out)
+                    push(out)
 
-                client.flow(response.hold)
-                try:
-                    await response.pipe(sink)
-                finally:
-                    client.flow(None)
-            else:
-                async for chunk in response.iter_raw():
-                    out = relay.feed(chunk)
-                    if out:
-                        self.client_bytes += len(out)
-                        await client.send(out)
+            client.flow(response.hold)  # a client that stops reading pauses the upstream
+            try:
+                await response.pipe(sink)
+            finally:
+                client.flow(None)
             tail = relay.close()
         except (UpstreamError, UnreadableBody) as exc:
             reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
@@ -374,7 +366,7 @@ class Call:
             raise AbortResponse(f"call not recorded: {exc}") from exc
         self.done = True
         self.client_bytes += len(tail)
-        await client.end(tail)
+        client.end_now(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
     def _read_tail(self) -> None:
@@ -396,6 +388,6 @@ class Call:
         return True
 
 
-async def _close_quietly(response: UpstreamResponse) -> None:
+async def _close_quietly(response: RawResponse) -> None:
     with contextlib.suppress(Exception):  # closing a broken connection may fail; nothing left to save
         await response.aclose()

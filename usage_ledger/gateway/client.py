@@ -1,13 +1,11 @@
-"""Where a call's response goes (`Client`: the server's `Exchange`, or an ASGI `send`), and its JSON errors."""
+"""How a call ends a response it cannot complete (`AbortResponse`), and the head of its JSON errors."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from usage_ledger.gateway.headers import Header
 from usage_ledger.gateway.server import AbortSignal
 
-__all__ = ("AbortResponse", "Client", "json_headers")
+__all__ = ("AbortResponse", "json_headers")
 
 
 class AbortResponse(AbortSignal):
@@ -19,22 +17,3 @@ class AbortResponse(AbortSignal):
 
 def json_headers(body: bytes, extra: list[Header]) -> list[Header]:
     return [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
-
-
-class Client:
-    """Where a call's response goes: the server's `Exchange`, or an ASGI `send` (see `gateway.proxy`)."""
-
-    push: Callable[[bytes], None] | None = None
-    """Write body bytes synchronously (from the upstream's protocol callback); None when not possible."""
-
-    async def start(self, status: int, headers: list[Header]) -> None:
-        raise NotImplementedError
-
-    async def send(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    async def end(self, data: bytes) -> None:
-        raise NotImplementedError
-
-    def flow(self, hold: Callable[[bool], None] | None) -> None:
-        """Register who to pause while the client is not reading (only where `push` is used)."""

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections import Counter
 
 import httpx
 import msgspec
 import structlog
 
+from usage_ledger.gateway.rawclient import tls_context
 from usage_ledger.gateway.upstream_metrics import MetricsUnreadable, parse_metrics
 from usage_ledger.ledger.events import SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
 from usage_ledger.ledger.settings import Settings
@@ -49,6 +51,8 @@ class ServerSampler:
         self.upstream = _without_credentials(settings.upstream)
         self.interval_s = settings.server_sample_s
         self.timeout_s = settings.server_sample_timeout_s
+        self.tls = tls_context(settings) if self.base.startswith("https://") else None
+        """The proxy's TLS rules for an `https://` upstream (its CAs, `LEDGER_UPSTREAM_CA_FILE`)."""
         self.writer = writer
         self.enabled = self.interval_s > 0
         self._triggers: asyncio.Queue[tuple[SampleTrigger, str | None]] = asyncio.Queue()
@@ -118,7 +122,8 @@ class ServerSampler:
 
     def _client(self) -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-        return httpx.AsyncClient(timeout=self.timeout_s, limits=limits, trust_env=False)
+        verify: ssl.SSLContext | bool = self.tls or True
+        return httpx.AsyncClient(timeout=self.timeout_s, limits=limits, trust_env=False, verify=verify)
 
     async def _sample(self, client: httpx.AsyncClient, trigger: SampleTrigger, run: str | None) -> bool:
         """One sample; False once the upstream has no `/metrics` (sampling stops)."""

@@ -1,7 +1,7 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
     serve(settings)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
-                                        (RawUpstream for http://, httpx for https://)
+                                        (RawUpstream: http:// and verified https://)
                      └ background tasks (e.g. a projection follower), woken after every commit
                      └ HttpServer (gateway.server: asyncio protocol, httptools, uvloop), listening socket
                        with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
@@ -29,7 +29,6 @@ from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.server import HttpServer
-from usage_ledger.gateway.upstream import UpstreamClient, as_upstream, httpx_client
 from usage_ledger.ledger.checkpointer import Checkpointer
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
@@ -40,7 +39,7 @@ from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter
 
-__all__ = ("ApiFactory", "Background", "bind_socket", "serve", "upstream_client")
+__all__ = ("ApiFactory", "Background", "bind_socket", "serve")
 
 Background = Callable[[Database], Coroutine[Any, Any, None]]
 ApiFactory = Callable[[Database, Settings], Sequence[Router]]
@@ -66,15 +65,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def upstream_client(settings: Settings) -> UpstreamClient:
-    """The lean asyncio/httptools client for plain HTTP (the per-chunk hot path); httpx for TLS."""
-    if settings.upstream.startswith("http://"):
-        return RawUpstream(settings)
-    return as_upstream(httpx_client(settings))
-
-
-async def serve(settings: Settings, *, background: Sequence[Background] = (), api: ApiFactory | None = None) -> None:
-    """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open."""
+async def serve(
+    settings: Settings,
+    *,
+    background: Sequence[Background] = (),
+    api: ApiFactory | None = None,
+    ui: ApiFactory | None = None,
+) -> None:
+    """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open,
+    `ui` the dashboard's routers (mounted under `/_ledger/ui/`)."""
     database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
     try:
         try:
@@ -87,7 +86,7 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
         async with writer:
             if checkpointer is not None:
                 checkpointer.start()
-            client = upstream_client(settings)
+            client = RawUpstream(settings)
             tasks = [asyncio.create_task(job(database), name=f"background-{i}") for i, job in enumerate(background)]
             sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
             tasks.append(asyncio.create_task(sampler.run(), name="server-sampler"))
@@ -97,9 +96,10 @@ async def serve(settings: Settings, *, background: Sequence[Background] = (), ap
                     settings,
                     database=database,
                     writer=writer,
-                    http_client=client,
+                    upstream=client,
                     api_routers=routers,
                     fingerprint_key=fingerprint_key,
+                    ui_routers=ui(database, settings) if ui is not None else (),
                 )
                 app.proxy.recorder.watcher = sampler
                 await wait_up_to(sampler.ready.wait(), settings.server_sample_timeout_s + 1)

@@ -41,6 +41,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     upstream_connect_timeout_s: float = 10.0
     upstream_read_timeout_s: float = 600.0
     upstream_max_connections: int = 256
+    upstream_ca_file: str | None = None
+    """PEM file of the CA certificates an `https://` upstream is verified against; unset: the system's."""
     upstream_forces_usage: bool | None = None
     """The upstream sends usage in every stream unasked (vLLM --enable-force-include-usage); unset: detected."""
     # slow and large traffic (gateway.limits, docs/configuration.md)
