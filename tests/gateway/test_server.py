@@ -18,9 +18,11 @@ from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
 from tests.gateway.wire import read_response
 from usage_ledger.gateway.asgi import run_asgi
+from usage_ledger.gateway.exchange import Exchange, Request
+from usage_ledger.gateway.limits import MAX_HEAD_BYTES
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
-from usage_ledger.gateway.server import MAX_HEAD_BYTES, Exchange, HttpServer, Request
+from usage_ledger.gateway.server import HttpServer
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool

@@ -12,12 +12,12 @@ from litestar import Litestar, Router
 
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.asgi import run_asgi
+from usage_ledger.gateway.exchange import Exchange, Request
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.proxy import Proxy
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.recorder import Recorder
-from usage_ledger.gateway.server import Exchange, Request
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.writer import EventWriter

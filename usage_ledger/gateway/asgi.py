@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from usage_ledger.gateway.server import Exchange, Request
+from usage_ledger.gateway.exchange import Exchange, Request
 
 __all__ = ("AsgiApp", "run_asgi")
 

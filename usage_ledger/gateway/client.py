@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from usage_ledger.gateway.headers import Header
-from usage_ledger.gateway.server import AbortSignal
+from usage_ledger.gateway.server_connection import AbortSignal
 
 __all__ = ("AbortResponse", "json_headers")
 

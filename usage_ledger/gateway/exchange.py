@@ -15,7 +15,7 @@ from usage_ledger.gateway.errors import GatewayError
 from usage_ledger.gateway.headers import Header
 
 if TYPE_CHECKING:
-    from usage_ledger.gateway.server import HttpConnection
+    from usage_ledger.gateway.server_connection import HttpConnection
 
 __all__ = ("Exchange", "Request", "status_line")
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 from usage_ledger.gateway.call import Call
 from usage_ledger.gateway.client import AbortResponse
 from usage_ledger.gateway.errors import GatewayError
+from usage_ledger.gateway.exchange import Exchange, Request
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import parse_ledger_headers
 from usage_ledger.gateway.limits import ByteBudget
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.recorder import Recorder
-from usage_ledger.gateway.server import Exchange, Request
 from usage_ledger.ledger.settings import Settings
 
 __all__ = ("AbortResponse", "Proxy")
