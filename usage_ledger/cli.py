@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from usage_ledger import replay as replay_commands
 from usage_ledger.emulator import commands as emulator_commands
 from usage_ledger.followers import projections_follower_process
 from usage_ledger.gateway import commands as gateway_commands
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     projections_commands.register(sub)
     emulator_commands.register(sub)
     _register_demo(sub)
+    replay_commands.register(sub)
     return parser
 
 

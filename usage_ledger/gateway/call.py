@@ -186,6 +186,7 @@ class Call:
                 usage_detail=detail,
                 finish_reasons=seen.reasons,
                 chunk_count=seen.chunk_count,
+                chunk_gaps_us=seen.chunk_gaps_us,
                 timings=timings,
                 request_metrics=seen.request_metrics,
             )
@@ -227,6 +228,7 @@ class Call:
             usage_source=source,
             usage_detail=usage_detail,
             chunk_count=self.seen.chunk_count,
+            chunk_gaps_us=self.seen.chunk_gaps_us,
             timings=timings,
         )
 

@@ -19,9 +19,11 @@ from usage_ledger.gateway.sse import SseEvent
 from usage_ledger.gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
 from usage_ledger.ledger.events import Usage, UsageSource
 
-__all__ = ("Observed",)
+__all__ = ("MAX_CHUNK_GAPS", "Observed")
 
 _DONE = b"[DONE]"
+MAX_CHUNK_GAPS = 65_536
+"""The most inter-chunk gaps a call records (`CallFinished.chunk_gaps_us`): about 400 KB of event at worst."""
 
 
 class Observed:
@@ -36,6 +38,10 @@ class Observed:
         """The relay whose stream is edited, when the client must not see the usage chunk."""
         self.first_token: float | None = None
         self.last_token: float | None = None
+        self.last_token_us = 0
+        """`last_token` in integer microseconds (0: no content chunk yet), what the next gap is taken from."""
+        self.chunk_gaps_us: list[int] = []
+        """Microseconds between successive content chunks' arrivals (`CallFinished.chunk_gaps_us`)."""
         self.usage: Usage | None = None
         self.usage_final = False
         """The usage is the call's total (a body's, the usage-only chunk's, `response.completed`'s)."""
@@ -86,11 +92,14 @@ class Observed:
         """Note what one read's events say; returns the stream offset of the end marker among them.
 
         One clock reading per read: tokens that arrive together share a moment, so a stream that came
-        in one read has no decode interval (and no made-up rate).
+        in one read has no decode interval (and no made-up rate). The reading is taken in whole
+        microseconds, so the chunk gaps add up exactly to `last_token - first_token` as recorded.
         """
         done: int | None = None
-        now = time.time()
+        now_us = time.time_ns() // 1000
+        now = now_us / 1_000_000
         relay = self.relay
+        gaps = self.chunk_gaps_us
         for event in events:
             data = event.data
             if data is None:
@@ -103,9 +112,12 @@ class Observed:
             if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
                 self.chunk_count += 1
                 self.deltas += 1
-                self.last_token = now
                 if self.first_token is None:
                     self.first_token = now
+                elif len(gaps) < MAX_CHUNK_GAPS:
+                    gaps.append(now_us - self.last_token_us)
+                self.last_token = now
+                self.last_token_us = now_us
                 continue
             cut = False
             if relay is not None and relay.cutting:
@@ -124,7 +136,10 @@ class Observed:
                 self.deltas += info.tokens
                 if self.first_token is None:
                     self.first_token = now
+                elif len(gaps) < MAX_CHUNK_GAPS:
+                    gaps.append(now_us - self.last_token_us)
                 self.last_token = now
+                self.last_token_us = now_us
             if info.usage is not None:
                 self.usage = info.usage
                 self.usage_final = info.usage_final

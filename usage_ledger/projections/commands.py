@@ -6,6 +6,8 @@ import argparse
 
 from usage_ledger.ledger.commands import add_db_option
 from usage_ledger.projections import _cli, _server_cli
+from usage_ledger.projections._agreement_cli import add_agreement_parser
+from usage_ledger.projections._compare_cli import compare_command
 from usage_ledger.projections.formulas import FORMULAS
 
 __all__ = ("register",)
@@ -60,6 +62,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p, "table", "json")
     p.set_defaults(func=_server_cli.audit_command)
+
+    p = sub.add_parser("compare", help="runs side by side: throughput, in flight, vllm bench serve latency, server")
+    add_db_option(p)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more runs; ratios are against the first")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    _fmt(p, "table", "json")
+    p.set_defaults(func=compare_command)
+
+    add_agreement_parser(sub)  # its many options live beside its work (`_agreement_cli`)
 
     p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
     add_db_option(p)

@@ -1,0 +1,30 @@
+"""`ledger compare RUN RUN [RUN…]`: the command (the work is in `projections.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.projections.compare import compare_runs, render_comparison
+
+__all__ = ("compare_command",)
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """Exit 0 with the comparison printed; 2 for an unknown run or bad usage."""
+
+    async def main() -> int:
+        settings = settings_from_args(args, "run_gap_s")
+        configure_logging(settings.log_level, settings.log_format)
+        database = await open_checked(settings)
+        try:
+            comparison = await compare_runs(database, args.runs, run_gap_s=settings.run_gap_s)
+        finally:
+            await database.dispose()
+        text = render_comparison(comparison, args.output_format)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return 0
+
+    return run_command(main)

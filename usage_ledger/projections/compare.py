@@ -1,0 +1,321 @@
+"""`ledger compare RUN RUN [RUN…]`: runs side by side, latency as `vllm bench serve` defines it (docs/decide.md).
+
+Per run: the runs report's figures (calls, tickers, tokens, wall, calls per ticker, hours per 100
+tickers, the server block), throughput under every registered formula, calls in flight, and
+latency percentiles; then, for every run after the first, its ratios against the first and what
+`ledger audit --against` finds different (sampling, model, server config).
+
+Latency, over the run's `ok` calls, as vLLM's `calculate_metrics` has it:
+- TTFT: the calls table's `ttft_s` (first content chunk at the gateway minus the request's arrival);
+- e2e: the last content chunk minus the request's arrival (vLLM's `latency`); calls without token
+  times (not streamed, imported) from start to end (`elapsed_s`);
+- TPOT: (e2e - TTFT) / (output tokens - 1), calls with more than one output token;
+- ITL: every gap between successive content chunks, from the calls' `call.finished` events
+  (`chunk_gaps_us`, read through `ledger.read`); calls recorded without it count for nothing there.
+In flight: the mean is Σ call elapsed ÷ wall (the time-weighted mean number of calls running
+between the first start and the last end); the max comes from a sweep over starts and ends (a call
+that ends when another starts does not overlap it).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallFinished
+from usage_ledger.ledger.read import read_events
+from usage_ledger.projections._aggregate import collect_runs, run_filter
+from usage_ledger.projections._compare_table import comparison_table
+from usage_ledger.projections.audit import audit_run
+from usage_ledger.projections.compare_latency import Latency, Sample, latency_ms, tpot_s
+from usage_ledger.projections.engine import live_version
+from usage_ledger.projections.errors import NotFound, ProjectionError
+from usage_ledger.projections.formulas import FORMULAS
+from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.rows import CallsPerTicker
+from usage_ledger.projections.server import ServerBlock
+from usage_ledger.projections.tables import calls
+
+__all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison")
+
+_PAGE = 2000  # events per read while collecting chunk gaps
+
+
+class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
+    """One run's column. Latencies in milliseconds (None: no call to measure)."""
+
+    run: str
+    model: str | None
+    calls: int
+    failed_calls: int
+    tickers: int
+    input_tokens: int
+    output_tokens: int
+    started_at: datetime | None
+    ended_at: datetime | None
+    wall_s: float | None
+    throughput_tps: dict[str, float | None]
+    """Per registered formula (`projections.formulas`)."""
+    formula: str
+    """The promoted (default) formula."""
+    hours_per_100_tickers: float | None
+    calls_per_ticker: CallsPerTicker | None
+    in_flight_mean: float | None
+    in_flight_max: int | None
+    ttft_ms: Latency | None
+    tpot_ms: Latency | None
+    itl_ms: Latency | None
+    e2e_ms: Latency | None
+    itl_calls: int
+    """The ok calls whose chunk gaps are recorded (the rest have none: imported, not streamed, or older)."""
+    ok_calls: int
+    labels: dict[str, str] = {}
+    server: ServerBlock | None = None
+    findings: list[str] = []
+    """What `ledger audit` finds inside this run (sampling or model varying, the server restarting)."""
+    differences: list[str] = []
+    """What `ledger audit RUN --against FIRST` finds different from the first run."""
+
+
+class Ratio(msgspec.Struct, frozen=True, kw_only=True):
+    """`run`'s figures divided by `against`'s (the first run's); None where either is missing or zero."""
+
+    run: str
+    against: str
+    values: dict[str, float | None]
+
+
+class Comparison(msgspec.Struct, frozen=True, kw_only=True):
+    runs: list[RunComparison]
+    ratios: list[Ratio]
+
+
+class _CallTimes(msgspec.Struct, frozen=True):
+    call_id: str
+    ok: bool
+    gateway: bool
+    started_at: datetime
+    ended_at: datetime | None
+    last_token_at: datetime | None
+    ttft_s: float | None
+    elapsed_s: float | None
+    output_tokens: int
+    last_position: int
+    retags: int
+
+
+async def _call_times(conn: AsyncConnection, version: int, run: str, run_gap_s: float) -> list[_CallTimes]:
+    where = await run_filter(conn, version, run, run_gap_s)
+    if where is None:
+        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+    c = calls.c
+    query = select(
+        c.call_id,
+        c.status,
+        c.origin,
+        c.started_at,
+        c.ended_at,
+        c.last_token_at,
+        c.ttft_s,
+        c.elapsed_s,
+        c.output_tokens,
+        c.last_position,
+        c.retags,
+    ).where(c.version == version, where)
+    return [
+        _CallTimes(
+            r[0], r[1] == "ok", r[2] == "gateway", r[3], r[4], r[5], r[6], r[7], int(r[8]), int(r[9]), int(r[10])
+        )
+        for r in await conn.execute(query)
+    ]
+
+
+async def _chunk_gaps(conn: AsyncConnection, wanted: Sequence[_CallTimes]) -> tuple[Counter[int], int]:
+    """The chunk gaps (µs, counted per value) of the calls' `call.finished` events, and how many calls had any.
+
+    Reads the positions from the first to the last of the calls' final events (a retagged call's
+    `call.finished` lies before its last position: then from the start of the ledger).
+    """
+    if not wanted:
+        return Counter(), 0
+    streams = {f"call-{t.call_id}" for t in wanted}
+    after = 0 if any(t.retags for t in wanted) else min(t.last_position for t in wanted) - 1
+    last = max(t.last_position for t in wanted)
+    gaps: Counter[int] = Counter()
+    with_gaps = 0
+    while after < last:
+        page = await read_events(conn, after, _PAGE)
+        if not page:
+            break
+        for stored in page:
+            if stored.position > last:
+                break
+            if stored.type == "call.finished" and stored.stream in streams:
+                body = stored.body()
+                if isinstance(body, CallFinished) and body.chunk_gaps_us:
+                    gaps.update(body.chunk_gaps_us)
+                    with_gaps += 1
+        after = page[-1].position
+    return gaps, with_gaps
+
+
+def _in_flight(times: Sequence[_CallTimes], wall_s: float | None) -> tuple[float | None, int | None]:
+    spans = [(t.started_at, t.ended_at) for t in times if t.ended_at is not None]
+    if not spans:
+        return None, None
+    busy = sum((end - start).total_seconds() for start, end in spans)
+    mean = busy / wall_s if wall_s else None
+    ends: list[datetime] = []
+    peak = 0
+    for start, end in sorted(spans):
+        while ends and ends[0] <= start:
+            heapq.heappop(ends)
+        heapq.heappush(ends, end)
+        peak = max(peak, len(ends))
+    return mean, peak
+
+
+def _latencies(times: Sequence[_CallTimes]) -> tuple[Sample, Sample, Sample]:
+    """TTFT, TPOT and e2e samples (seconds) of the ok calls."""
+    ttft: list[float] = []
+    tpot: list[float] = []
+    e2e: list[float] = []
+    for t in times:
+        if not t.ok:
+            continue
+        latency = (t.last_token_at - t.started_at).total_seconds() if t.last_token_at is not None else t.elapsed_s
+        if latency is not None:
+            e2e.append(latency)
+        if t.ttft_s is None:
+            continue
+        ttft.append(t.ttft_s)
+        if latency is not None and (per_token := tpot_s(latency, t.ttft_s, t.output_tokens)) is not None:
+            tpot.append(per_token)
+    return Sample.of(ttft), Sample.of(tpot), Sample.of(e2e)
+
+
+async def _column(database: Database, run: str, run_gap_s: float, *, refresh: bool) -> RunComparison:
+    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=refresh)  # NotFound if no such run
+    async with database.engine.connect() as conn:
+        version, _ = await live_version(conn, "calls")
+        accs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+        times = await _call_times(conn, version, run, run_gap_s)
+        ok_gateway = [t for t in times if t.ok and t.gateway]
+        gaps, itl_calls = await _chunk_gaps(conn, ok_gateway)
+    stats = accs[run].stats()
+    mean, peak = _in_flight(times, row.wall_s)
+    ttft, tpot, e2e = _latencies(times)
+    return RunComparison(
+        run=run,
+        model=row.model,
+        calls=row.calls,
+        failed_calls=row.failed_calls,
+        tickers=row.tickers,
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        wall_s=row.wall_s,
+        throughput_tps={name: FORMULAS[name](stats) for name in sorted(FORMULAS)},
+        formula=row.formula,
+        hours_per_100_tickers=row.hours_per_100_tickers,
+        calls_per_ticker=row.calls_per_ticker,
+        in_flight_mean=mean,
+        in_flight_max=peak,
+        ttft_ms=latency_ms(ttft, "s"),
+        tpot_ms=latency_ms(tpot, "s"),
+        itl_ms=latency_ms(Sample(gaps), "us"),
+        e2e_ms=latency_ms(e2e, "s"),
+        itl_calls=itl_calls,
+        ok_calls=sum(t.ok for t in times),
+        labels=row.labels,
+        server=row.server,
+    )
+
+
+def metric_values(run: RunComparison) -> dict[str, float | None]:
+    """The run's numeric figures by dotted name (`ttft_ms.p50`, `throughput_tps.batch_aggregate`, …)."""
+    out: dict[str, float | None] = {
+        "calls": run.calls,
+        "failed_calls": run.failed_calls,
+        "tickers": run.tickers,
+        "input_tokens": run.input_tokens,
+        "output_tokens": run.output_tokens,
+        "wall_s": run.wall_s,
+    }
+    out.update({f"throughput_tps.{name}": value for name, value in run.throughput_tps.items()})
+    out["hours_per_100_tickers"] = run.hours_per_100_tickers
+    per_ticker = run.calls_per_ticker
+    for part in ("min", "median", "max"):
+        out[f"calls_per_ticker.{part}"] = getattr(per_ticker, part) if per_ticker is not None else None
+    out["in_flight_mean"] = run.in_flight_mean
+    out["in_flight_max"] = run.in_flight_max
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        latency: Latency | None = getattr(run, name)
+        for part in ("p50", "p90", "p99", "mean"):
+            out[f"{name}.{part}"] = getattr(latency, part) if latency is not None else None
+    server = run.server
+    for name in _SERVER_FIGURES:
+        value = getattr(server, name) if server is not None else None
+        out[f"server.{name}"] = None if isinstance(value, bool) else value
+    return out
+
+
+_SERVER_FIGURES = (
+    "spec_decode_acceptance_rate",
+    "spec_decode_mean_acceptance_length",
+    "kv_cache_usage_max",
+    "requests_running_mean",
+    "requests_running_max",
+    "requests_waiting_max",
+    "preemptions",
+    "prefix_cache_hit_rate",
+)
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value is not None and base else None
+
+
+async def compare_runs(database: Database, runs: Sequence[str], *, run_gap_s: float | None = None) -> Comparison:
+    """Each run's column, the ratios of every run after the first against the first, and what audit finds."""
+    if len(runs) < 2:
+        raise ProjectionError("compare needs at least two runs")
+    gap = 900.0 if run_gap_s is None else run_gap_s
+    columns: list[RunComparison] = []
+    for i, run in enumerate(runs):
+        column = await _column(database, run, gap, refresh=i == 0)
+        audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=gap)
+        columns.append(
+            msgspec.structs.replace(
+                column,
+                findings=[f"{f.kind}: {f.detail}" for f in audit.findings if f.kind != "differs_from_other_run"],
+                differences=[f.detail for f in audit.findings if f.kind == "differs_from_other_run"],
+            )
+        )
+    base = metric_values(columns[0])
+    ratios = [
+        Ratio(
+            run=column.run,
+            against=columns[0].run,
+            values={name: _ratio(value, base[name]) for name, value in metric_values(column).items()},
+        )
+        for column in columns[1:]
+    ]
+    return Comparison(runs=columns, ratios=ratios)
+
+
+def render_comparison(comparison: Comparison, output_format: str) -> str:
+    """`json`: `{"runs": [...], "ratios": [...]}`; `table`: metrics as rows, runs (then ratios) as columns."""
+    if output_format == "json":
+        return msgspec.json.encode(comparison).decode()
+    if output_format == "table":
+        return comparison_table(comparison, metric_values)
+    raise ProjectionError(f"unknown format {output_format!r}: use table or json")

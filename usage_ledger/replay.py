@@ -1,0 +1,371 @@
+"""`ledger replay RUN --upstream URL`: a recorded run's requests sent again to another server, as a new run.
+
+    plan_replay (replay_plan)   the run's requests in start order; calls without a body are skipped
+    recording_gateway           the real gateway, in-process, in front of --upstream (replay_gateway)
+    _drive                      httpx → that gateway, at most `concurrency` at once, dispatched in the
+                                original start order, tagged X-Ledger-Run NEW + the original tags
+    run.annotated               replay_of=RUN on the new run
+    compare_runs                RUN and NEW side by side (projections.compare)
+
+Requests are sent as fast as `concurrency` allows, not at the original's moments: like
+`vllm bench serve --max-concurrency`, on the real workload. The default concurrency is the most
+calls RUN had in flight. Ctrl-C stops dispatching and cancels the calls in flight (the gateway
+records them as client disconnects); whatever finished is committed before the comparison prints;
+a second Ctrl-C stops without waiting.
+
+It lives in the composition root, not in `gateway/` (DESIGN §9's first proposal): it reads the
+calls projection (a run's calls, their tags after `call.retagged`) and prints a projections
+report, and only the composition may know both packages (tests/test_layering.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from usage_ledger.gateway.headers import MAX_VALUE
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.commands import add_db_option, open_checked, run_command
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.events import RunAnnotated, new_event
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.settings import Settings, load_settings
+from usage_ledger.projections.callviews import calls_page
+from usage_ledger.projections.compare import compare_runs, render_comparison
+from usage_ledger.projections.engine import catch_up_all
+from usage_ledger.projections.errors import NotFound
+from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
+from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay
+
+__all__ = ("ReplayOptions", "ReplayResult", "describe", "register", "replay_run")
+
+REPLAY_LABEL = "replay_of"
+INTERRUPTED = 130
+
+
+class ReplayOptions(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    upstream: str
+    model: str | None = None
+    concurrency: int | None = None
+    """None: the most calls `run` had in flight."""
+    new_run: str | None = None
+    """None: `RUN-replay-<n>`, the first n not taken."""
+    limit: int | None = None
+
+
+class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    new_run: str
+    concurrency: int
+    calls: int
+    """Calls of `run` examined."""
+    skipped: dict[str, int]
+    sent: int
+    answered_ok: int
+    """Answered with a 2xx status."""
+    answered_error: int
+    """Answered with another status (the upstream's error, passed through and recorded)."""
+    not_answered: int
+    """Transport errors and calls cancelled by a stop."""
+    not_sent: int
+    """Left when the replay was stopped."""
+    interrupted: bool
+
+
+def _tag_headers(run: str, tags: dict[str, str]) -> list[tuple[str, str]]:
+    headers = [("X-Ledger-Run", run)]
+    for name, value in sorted(tags.items()):
+        headers.append(("X-Ledger-Ticker", value) if name == "ticker" else (f"X-Ledger-Tag-{name}", value))
+    return headers
+
+
+async def _has_calls(database: Database, run: str, run_gap_s: float) -> bool:
+    try:
+        await calls_page(database, run=run, limit=1, run_gap_s=run_gap_s, refresh=False)  # caught up by the plan
+    except NotFound:
+        return False
+    return True
+
+
+async def _new_run_name(database: Database, options: ReplayOptions, run_gap_s: float) -> str:
+    """`--as`, which must be a new run (calls mixed into an existing run would blur both), or `RUN-replay-<n>`."""
+    if options.new_run is not None:
+        if await _has_calls(database, options.new_run, run_gap_s):
+            raise ConfigError(f"--as {options.new_run!r}: that run already has calls; choose a new name")
+        name = options.new_run
+    else:
+        n = 1
+        while await _has_calls(database, f"{options.run}-replay-{n}", run_gap_s):
+            n += 1
+        name = f"{options.run}-replay-{n}"
+    if len(name) > MAX_VALUE or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ConfigError(f"run name {name[:40]!r}…: at most {MAX_VALUE} printable characters; give one with --as")
+    return name
+
+
+async def replay_run(
+    database: Database,
+    settings: Settings,
+    options: ReplayOptions,
+    *,
+    console: Console,
+    stop: asyncio.Event | None = None,
+) -> ReplayResult:
+    """Replay `options.run` into a new run of `database`; `stop` ends it early (Ctrl-C)."""
+    plan = await plan_replay(
+        database, options.run, limit=options.limit, model=options.model, run_gap_s=settings.run_gap_s
+    )
+    if not plan.requests:
+        raise ConfigError(f"run {options.run!r}: nothing to replay, {_skips(plan.skipped, plan.calls)}")
+    new_run = await _new_run_name(database, options, settings.run_gap_s)
+    concurrency = options.concurrency or plan.max_in_flight
+    stop = stop or asyncio.Event()
+    gateway_settings = msgspec.structs.replace(settings, upstream=options.upstream)
+    async with recording_gateway(gateway_settings, database) as gateway:
+        tally = await _drive(database, gateway, plan, new_run, concurrency, options.model, stop, console)
+    if tally.sent:
+        note = RunAnnotated(labels={REPLAY_LABEL: options.run}, run=new_run)
+        await append_events(database, [new_event(note, stream=f"run-{new_run}")])
+    skipped = dict(plan.skipped)
+    for reason, count in tally.skipped_late.items():
+        skipped[reason] = skipped.get(reason, 0) + count
+    return ReplayResult(
+        run=options.run,
+        new_run=new_run,
+        concurrency=concurrency,
+        calls=plan.calls,
+        skipped=skipped,
+        sent=tally.sent,
+        answered_ok=tally.ok,
+        answered_error=tally.error,
+        not_answered=tally.sent - tally.ok - tally.error,
+        not_sent=len(plan.requests) - tally.sent - sum(tally.skipped_late.values()),
+        interrupted=stop.is_set(),
+    )
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.sent = 0
+        self.ok = 0
+        self.error = 0
+        self.skipped_late: dict[str, int] = {}
+
+
+async def _drive(
+    database: Database,
+    gateway: RecordingGateway,
+    plan: ReplayPlan,
+    new_run: str,
+    concurrency: int,
+    model: str | None,
+    stop: asyncio.Event,
+    console: Console,
+) -> _Tally:
+    """Dispatch in start order, `concurrency` at once, until done or `stop` is set."""
+    tally = _Tally()
+    slots = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[None]] = set()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(10.0, read=None)  # the gateway times the upstream out (LEDGER_UPSTREAM_READ_TIMEOUT_S)
+    started = time.monotonic()
+    tokens_at_start = gateway.metrics.completion_tokens
+    with _progress(console) as bar:
+        task = bar.add_task(f"replay {plan.run} → {new_run}", total=len(plan.requests), tps="")
+
+        def finished() -> None:
+            tokens = gateway.metrics.completion_tokens - tokens_at_start
+            elapsed = time.monotonic() - started
+            bar.update(task, advance=1, tps=f"{tokens / elapsed:,.0f} tok/s" if elapsed > 0 else "")
+
+        async with httpx.AsyncClient(base_url=gateway.url, limits=limits, timeout=timeout, trust_env=False) as http:
+
+            async def send(request: ReplayRequest, body: bytes) -> None:
+                try:
+                    response = await _send(http, request, body, new_run)
+                    tally.ok += 200 <= response < 300
+                    tally.error += not 200 <= response < 300
+                except httpx.HTTPError:
+                    pass  # recorded by the gateway (e.g. upstream reset); counted as not answered
+                finally:
+                    slots.release()
+                    finished()
+
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                for request in plan.requests:
+                    acquiring = asyncio.create_task(slots.acquire())
+                    await asyncio.wait((acquiring, stopping), return_when=asyncio.FIRST_COMPLETED)
+                    if stop.is_set():
+                        if acquiring.done() and not acquiring.cancelled():
+                            slots.release()
+                        acquiring.cancel()
+                        break
+                    body = await load_body(database, request, model)
+                    if isinstance(body, str):  # redacted since the plan was made
+                        tally.skipped_late[body] = tally.skipped_late.get(body, 0) + 1
+                        slots.release()
+                        finished()
+                        continue
+                    tally.sent += 1
+                    job = asyncio.create_task(send(request, body))
+                    running.add(job)
+                    job.add_done_callback(running.discard)
+                while running and not stop.is_set():
+                    await asyncio.wait((*running, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+                for job in running:
+                    job.cancel()  # the gateway sees the client leave and records the call so
+                if running:
+                    await asyncio.wait(running)
+    return tally
+
+
+async def _send(http: httpx.AsyncClient, request: ReplayRequest, body: bytes, new_run: str) -> int:
+    """One request; the response is read to its end (a stream's last bytes) and dropped."""
+    headers = [*request.headers, *_tag_headers(new_run, request.tags)]
+    url = request.path + ("?" + request.query if request.query else "")
+    async with http.stream(request.method, url, content=body, headers=headers) as response:
+        async for _ in response.aiter_raw():
+            pass
+        return response.status_code
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("calls"),
+        TextColumn("{task.fields[tps]}"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+
+
+def _skips(skipped: dict[str, int], calls: int) -> str:
+    if not skipped:
+        return f"none of its {calls} calls skipped"
+    reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(skipped.items(), key=lambda kv: -kv[1]))
+    return f"{sum(skipped.values())} of its {calls} calls skipped ({reasons})"
+
+
+def describe(result: ReplayResult, upstream: str) -> str:
+    """The summary line printed after a replay."""
+    head = "stopped: " if result.interrupted else ""
+    text = (
+        f"{head}replayed {result.sent} requests of run {result.run} to {upstream} as run {result.new_run} "
+        f"({result.concurrency} at once); {_skips(result.skipped, result.calls)}; "
+        f"{result.answered_ok} answered 2xx, {result.answered_error} with an error status"
+    )
+    if result.not_answered:
+        text += f", {result.not_answered} without an answer"
+    if result.not_sent:
+        text += f", {result.not_sent} not sent"
+    return text
+
+
+async def print_comparison(database: Database, runs: list[str], run_gap_s: float, console: Console) -> None:
+    """RUN and NEW_RUN side by side (`ledger compare`)."""
+    await catch_up_all(database)
+    comparison = await compare_runs(database, runs, run_gap_s=run_gap_s)
+    console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("replay", help="send a recorded run's requests to another server, recorded as a new run")
+    add_db_option(p)
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--upstream", required=True, metavar="URL", help="the server to replay to (OpenAI-compatible)")
+    p.add_argument("--model", help="send this model name in place of the recorded one")
+    p.add_argument(
+        "--concurrency", type=int, metavar="N", help="requests at once (default: the most RUN had in flight)"
+    )
+    p.add_argument("--as", dest="new_run", metavar="NEW_RUN", help="name of the new run (default RUN-replay-<n>)")
+    p.add_argument("--limit", type=int, metavar="K", help="replay only the first K requests")
+    p.add_argument(
+        "--spool-dir",
+        dest="spool_dir",
+        metavar="DIR",
+        help="outage spool of the replay's gateway (default: LEDGER_SPOOL_DIR + '-replay')",
+    )
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    p.set_defaults(func=_replay_command)
+
+
+def _replay_command(args: argparse.Namespace) -> int:
+    if (args.concurrency is not None and args.concurrency < 1) or (args.limit is not None and args.limit < 1):
+        print("ledger replay: --concurrency and --limit must be ≥ 1", file=sys.stderr)
+        return 2
+    if not args.upstream.startswith(("http://", "https://")):
+        print(f"ledger replay: --upstream {args.upstream!r}: give an http:// or https:// URL", file=sys.stderr)
+        return 2
+    options = ReplayOptions(
+        run=args.run,
+        upstream=args.upstream.rstrip("/"),
+        model=args.model,
+        concurrency=args.concurrency,
+        new_run=args.new_run,
+        limit=args.limit,
+    )
+
+    async def main() -> int:
+        quiet = None if "LEDGER_LOG_LEVEL" in os.environ else "warning"  # a log line per call would bury the bar
+        overrides = {"database_url": args.database_url, "spool_dir": args.spool_dir, "run_gap_s": args.run_gap_s}
+        settings = load_settings(os.environ, {**overrides, "log_level": quiet})
+        if args.spool_dir is None:  # beside, not inside, the spool a running `ledger serve` owns
+            settings = msgspec.structs.replace(settings, spool_dir=f"{settings.spool_dir.rstrip('/')}-replay")
+        configure_logging(settings.log_level, settings.log_format)
+        console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
+        database = await open_checked(settings)
+        try:
+            with _interrupts() as stop:
+                result = await replay_run(database, settings, options, console=Console(stderr=True), stop=stop)
+            console.print(describe(result, options.upstream), markup=False, highlight=False)
+            if result.sent:  # a stop before the first request leaves no run to compare
+                await print_comparison(database, [result.run, result.new_run], settings.run_gap_s, console)
+        finally:
+            await database.dispose()
+        return INTERRUPTED if result.interrupted else 0
+
+    return run_command(main)
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[asyncio.Event]:
+    """The first Ctrl-C (or SIGTERM) sets the event: stop cleanly; a second one interrupts at once
+    (`asyncio.run` then cancels what runs, so the gateway still closes and the writer drains)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        yield stop
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
