@@ -1,4 +1,5 @@
-"""Imports flow one way: gateway → ledger, projections → ledger; emulator imports nothing of ours."""
+"""Imports flow one way: gateway → ledger, projections → ledger, ui → projections and ledger; emulator imports
+nothing of ours."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "usage_ledger"
-LAYERS = {"ledger", "gateway", "projections", "emulator", "migrations"}
+LAYERS = {"ledger", "gateway", "projections", "emulator", "migrations", "ui"}
 ALLOWED = {
     "ledger": set(),
     "gateway": {"ledger"},
     "projections": {"ledger"},
     "emulator": set(),
+    "ui": {"ledger", "projections"},  # the dashboard reads read models; `cli` hands its routers to the gateway
 }
 
 

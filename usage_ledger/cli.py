@@ -22,6 +22,8 @@ from usage_ledger.ledger import commands as ledger_commands
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.projections import commands as projections_commands
 from usage_ledger.projections.api import build_api_routers
+from usage_ledger.ui import commands as ui_commands
+from usage_ledger.ui.routers import build_ui_routers
 
 __all__ = ("build_parser", "main")
 
@@ -34,9 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
-    gateway_commands.register(sub, background=(projections_follower_process,), api=build_api_routers)
+    gateway_commands.register(
+        sub, background=(projections_follower_process,), api=build_api_routers, ui=build_ui_routers
+    )
     projections_commands.register(sub)
     emulator_commands.register(sub)
+    ui_commands.register(sub)
     _register_demo(sub)
     replay_commands.register(sub)
     return parser

@@ -22,9 +22,10 @@ def register(
     *,
     background: Sequence[Background] = (),
     api: ApiFactory | None = None,
+    ui: ApiFactory | None = None,
 ) -> None:
     """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit;
-    `api` adds read-API routers under `/_ledger/api`."""
+    `api` adds read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`."""
     parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
     parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -43,11 +44,13 @@ def register(
             "once elsewhere, e.g. beside several replicas)",
         )
     parser.set_defaults(
-        func=lambda args: _serve(args, () if getattr(args, "no_background", False) else background, api)
+        func=lambda args: _serve(args, () if getattr(args, "no_background", False) else background, api, ui)
     )
 
 
-def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None) -> int:
+def _serve(
+    args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None, ui: ApiFactory | None = None
+) -> int:
     names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
     try:
         settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
@@ -58,7 +61,7 @@ def _serve(args: argparse.Namespace, background: Sequence[Background], api: ApiF
     signal.signal(signal.SIGTERM, _terminate)
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(settings, background=background, api=api))
+            runner.run(serve(settings, background=background, api=api, ui=ui))
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2

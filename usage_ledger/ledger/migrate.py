@@ -1,27 +1,46 @@
-"""Schema upgrades through Alembic, on a live connection of ours (works inside a running loop)."""
+"""Schema upgrades through Alembic, on a live connection of ours (works inside a running loop).
+
+Looking at a SQLite ledger that does not exist (reading its revision, `require_head`, a downgrade)
+never creates the file: opening a SQLite URL would leave an empty database behind, and the next
+`ledger serve` would then find "revision none" in a file the user never made. Only an upgrade
+creates it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import DatabaseUnavailable, SchemaError
+from usage_ledger.ledger.errors import ConfigError, DatabaseUnavailable, SchemaError
 
 __all__ = (
+    "Revision",
     "alembic_config",
     "current_revision",
+    "database_exists",
     "downgrade_database",
+    "downgrade_steps",
     "head_revision",
     "require_head",
+    "revision_history",
     "upgrade_database",
 )
+
+
+class Revision(msgspec.Struct, frozen=True, kw_only=True):
+    revision: str
+    down_revision: str | None
+    doc: str
+    is_head: bool
+
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 
@@ -36,6 +55,47 @@ def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
+
+
+def revision_history() -> list[Revision]:
+    """Every revision, newest first (the chain is linear)."""
+    scripts = ScriptDirectory.from_config(alembic_config())
+    return [
+        Revision(
+            revision=script.revision,
+            down_revision=script.down_revision if isinstance(script.down_revision, str) else None,
+            doc=script.doc or "",
+            is_head=script.is_head,
+        )
+        for script in scripts.walk_revisions()
+    ]
+
+
+def downgrade_steps(current: str | None, target: str) -> list[Revision]:
+    """The revisions a downgrade from `current` to `target` (a revision or `base`) undoes, newest first."""
+    history = revision_history()
+    names = [r.revision for r in history]
+    if target != "base" and target not in names:
+        raise ConfigError(f"unknown revision {target!r}: use one of {', '.join(names)} or base (`ledger db history`)")
+    if current is None:
+        return []
+    if current not in names:
+        raise SchemaError(f"the database is at revision {current!r}, which this release does not know")
+    start = names.index(current)
+    stop = len(names) if target == "base" else names.index(target)
+    if stop < start:
+        raise ConfigError(f"revision {target!r} is newer than the database's {current!r}: use `ledger db upgrade`")
+    return history[start:stop]
+
+
+def database_exists(database: Database) -> bool:
+    """False for a SQLite file that is not there (PostgreSQL: True, the server says the rest)."""
+    if database.backend != "sqlite":
+        return True
+    path = make_url(database.url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return True
+    return Path(path).exists()
 
 
 async def _run(database: Database, action: str, target: str) -> None:
@@ -57,10 +117,16 @@ async def upgrade_database(database: Database, target: str = "head") -> None:
 
 
 async def downgrade_database(database: Database, target: str = "base") -> None:
+    if not database_exists(database):
+        raise SchemaError(f"no ledger database at {database.safe_url}: nothing to downgrade")
     await _run(database, "downgrade", target)
 
 
 async def current_revision(database: Database) -> str | None:
+    """The schema revision, or None when not migrated (a missing SQLite file is left missing)."""
+    if not database_exists(database):
+        return None
+
     def read(connection: Connection) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
@@ -75,6 +141,8 @@ async def current_revision(database: Database) -> str | None:
 
 async def require_head(database: Database) -> None:
     """Fail with a clear message unless the schema is at the newest revision."""
+    if not database_exists(database):
+        raise SchemaError(f"no ledger database at {database.safe_url}: create it with `ledger db upgrade`")
     current = await current_revision(database)
     head = head_revision()
     if current != head:

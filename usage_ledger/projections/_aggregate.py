@@ -7,10 +7,11 @@ is named `auto-<first start, UTC, ISO seconds>`. Memory holds one accumulator pe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, and_, case, cast, func, select
+from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -77,8 +78,10 @@ def _rate() -> Any:
     )
 
 
-async def _tagged(conn: AsyncConnection, version: int, run: str | None) -> dict[str, RunAcc]:
-    where: list[ColumnElement[bool]] = [calls.c.version == version, calls.c.run.is_not(None)]
+async def _tagged(
+    conn: AsyncConnection, version: int, run: str | None, selected: Sequence[ColumnElement[bool]]
+) -> dict[str, RunAcc]:
+    where: list[ColumnElement[bool]] = [calls.c.version == version, calls.c.run.is_not(None), *selected]
     if run is not None:
         where.append(calls.c.run == run)
     failed = _int_sum(case((calls.c.status.in_(FAILED_STATUSES), 1), else_=0))
@@ -131,32 +134,45 @@ def auto_name(first_start: datetime) -> str:
     return AUTO_PREFIX + first_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float) -> dict[str, RunAcc]:
+async def _untagged(
+    conn: AsyncConnection, version: int, run_gap_s: float, selected: Sequence[ColumnElement[bool]]
+) -> dict[str, RunAcc]:
+    """Gap-cut runs of the untagged calls; with `selected`, runs are cut over all calls (names do not
+    depend on a filter) and accumulate only the selected ones."""
     c = calls.c
+    chosen = case((and_(*selected), 1), else_=0) if selected else literal(1)
     query = (
-        select(c.started_at, c.ended_at, c.status, c.input_tokens, c.output_tokens, c.elapsed_s, c.ticker, c.model)
+        select(
+            c.started_at, c.ended_at, c.status, c.input_tokens, c.output_tokens, c.elapsed_s, c.ticker, c.model, chosen
+        )
         .where(c.version == version, c.run.is_(None))
         .order_by(c.started_at, c.call_id)
     )
     runs: dict[str, RunAcc] = {}
+    names: set[str] = set()
+    name = ""
     acc: RunAcc | None = None
     horizon: datetime | None = None
     result = await conn.stream(query)
     async for part in result.partitions(5000):
-        for started, ended, status, tin, tout, elapsed, ticker, model in part:
-            if acc is None or horizon is None or (started - horizon).total_seconds() > run_gap_s:
+        for started, ended, status, tin, tout, elapsed, ticker, model, keep in part:
+            if horizon is None or (started - horizon).total_seconds() > run_gap_s:
                 name = auto_name(started)
-                while name in runs:
+                while name in names:
                     name += "+"
+                names.add(name)
+                acc = None
+                horizon = started
+            horizon = max(horizon, ended or started)
+            if not keep:
+                continue
+            if acc is None:
                 acc = runs[name] = RunAcc()
                 acc.first_start = started
-                horizon = started
             acc.calls += 1
             acc.input += tin
             acc.output += tout
             acc.last_start = started
-            end = ended or started
-            horizon = max(horizon, end)
             if ended is not None and (acc.last_end is None or ended > acc.last_end):
                 acc.last_end = ended
             if status in FAILED_STATUSES:
@@ -176,12 +192,17 @@ async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float) -> di
 
 
 async def collect_runs(
-    conn: AsyncConnection, version: int, *, run: str | None = None, run_gap_s: float = 900.0
+    conn: AsyncConnection,
+    version: int,
+    *,
+    run: str | None = None,
+    run_gap_s: float = 900.0,
+    selected: Sequence[ColumnElement[bool]] = (),
 ) -> dict[str, RunAcc]:
-    """Accumulators of every run (or just `run`), tagged and gap-grouped."""
-    runs = await _tagged(conn, version, run)
+    """Accumulators of every run (or just `run`), tagged and gap-grouped; only calls matching `selected`."""
+    runs = await _tagged(conn, version, run, selected)
     if run is None or (not runs and run.startswith(AUTO_PREFIX)):
-        auto = await _untagged(conn, version, run_gap_s)
+        auto = await _untagged(conn, version, run_gap_s, selected)
         if run is not None:
             auto = {name: acc for name, acc in auto.items() if name == run}
         runs.update(auto)

@@ -18,6 +18,7 @@ from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.ledger.settings import Settings
+from usage_ledger.projections._cli_options import filters_from_args, page_line, page_offset, table_options
 from usage_ledger.projections._output import print_rows
 from usage_ledger.projections._progress import advance, progress, stage
 from usage_ledger.projections.callviews import get_call
@@ -124,29 +125,34 @@ def report_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
         zone = parse_zone(settings.tz)
+        selected = filters_from_args(args, zone)
+        table = table_options(args)
+        gap = settings.run_gap_s
         database = await open_checked(settings)
         try:
             if args.kind == "runs":
                 rows: list[msgspec.Struct] = list(
-                    await runs_report(database, formula=args.formula, run=args.run, run_gap_s=settings.run_gap_s)
+                    await runs_report(database, formula=args.formula, run=args.run, run_gap_s=gap, filters=selected)
                 )
             elif args.kind == "tickers":
-                rows = list(await tickers_report(database, run=args.run, run_gap_s=settings.run_gap_s))
+                rows = list(await tickers_report(database, run=args.run, run_gap_s=gap, filters=selected))
             elif args.kind == "eras":
                 if not args.by:
                     raise ProjectionError(
                         "report eras needs --by LABEL (hardware, model, kind or any annotation label)"
                     )
-                eras = eras_report(database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone)
+                eras = eras_report(
+                    database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone, filters=selected
+                )
                 rows = list(await eras)
             else:
-                days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=settings.run_gap_s)
+                days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=gap, filters=selected)
                 rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
+            title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
+            title = f"eras by {args.by}" if args.kind == "eras" else title
+            print_rows(rows, args.output_format, title=title, zone=zone, **table)
         finally:
             await database.dispose()
-        title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
-        title = f"eras by {args.by}" if args.kind == "eras" else title
-        print_rows(rows, args.output_format, title=title, zone=zone)
         return 0
 
     return run_command(main)
@@ -306,6 +312,7 @@ async def _export(database: Database, **kwargs: Any) -> int:
 def export_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
+        selected = filters_from_args(args, parse_zone(settings.tz))
         database = await open_checked(settings)
         try:
             count = await _export(
@@ -315,6 +322,7 @@ def export_command(args: argparse.Namespace) -> int:
                 output=args.output,
                 stdout=sys.stdout.buffer,
                 run_gap_s=settings.run_gap_s,
+                filters=selected,
             )
         finally:
             await database.dispose()
@@ -328,6 +336,7 @@ def export_command(args: argparse.Namespace) -> int:
 def show_call_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
+        table = table_options(args)
         database = await open_checked(settings)
         try:
             detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
@@ -337,7 +346,7 @@ def show_call_command(args: argparse.Namespace) -> int:
             sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
             return 0
         zone = ZoneInfo(settings.tz)
-        print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone)
+        print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone, record=True, **table)
         for event in detail.events:
             print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
         for label, body in (("request", detail.request), ("response", detail.response)):
@@ -352,17 +361,24 @@ def show_call_command(args: argparse.Namespace) -> int:
 def show_run_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
+        zone = parse_zone(settings.tz)
+        table = table_options(args)
+        offset = page_offset(args)
         database = await open_checked(settings)
         try:
-            detail = await show_run(database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s)
+            detail = await show_run(
+                database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s, offset=offset, limit=args.limit
+            )
         finally:
             await database.dispose()
         if args.output_format == "json":
             sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
             return 0
-        zone = parse_zone(settings.tz)
-        print_rows([detail.run], "table", title=f"run {args.run}", zone=zone)
+        print_rows([detail.run], "table", title=f"run {args.run}", zone=zone, record=True)
         print_rows(detail.tickers, "table", title="tickers")
+        if detail.calls is not None:
+            print_rows(detail.calls.items, "table", title="calls", zone=zone, **table)
+            print(page_line(detail.calls, args.limit))
         return 0
 
     return run_command(main)

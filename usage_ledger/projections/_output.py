@@ -1,8 +1,18 @@
-"""Printing report rows: a rich table, a JSON array (msgspec) or CSV (nested fields flattened)."""
+"""Printing report rows: a rich table, a JSON array (msgspec) or CSV (nested fields flattened).
+
+Tables fit the terminal (DESIGN §6: a 100-column terminal must not cut cells to 3 characters):
+a row type may register a compact default column set (`compact_columns`); `columns=` picks any
+flattened fields, `wide=True` shows them all at their natural width (for `less -S`). In the
+default view, columns that do not fit are left out from the right and a note says which; a long
+text cell is ellipsised rather than wrapped. Numbers are right-aligned with thousands separators.
+JSON and CSV are machine formats: every field, raw values, whatever the terminal.
+"""
 
 from __future__ import annotations
 
 import csv
+import os
+import shutil
 import sys
 from collections.abc import Sequence
 from datetime import datetime
@@ -10,13 +20,24 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgspec
+from rich import box
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ("flatten", "print_rows")
+from usage_ledger.projections.errors import ProjectionError
+
+__all__ = ("UnknownColumns", "compact_columns", "flatten", "parse_columns", "print_rows")
 
 _encoder = msgspec.json.Encoder()
 
+DEFAULT_WIDTH = 100
+"""Width of a table written off a terminal without COLUMNS (a file, a pipe, a test's capture)."""
+_MIN_TEXT = 12
+"""A text column is never ellipsised below this (nor below its header)."""
+_MIN_KEY = 36
+"""Nor the first column (the row's name) below this, unless it is alone: a UUID call id or an `auto-…` run fits."""
 
 # A run's server block in tables and CSV: the few that matter (JSON has all of it).
 _SERVER_SUMMARY = (
@@ -26,6 +47,46 @@ _SERVER_SUMMARY = (
     "requests_running_max",
     "reconciled",
 )
+
+# Default table columns per row type (by class name: no import of the row modules), the few a user reads;
+# `--wide` or `--columns` show the rest. Types not listed show every column, fitted.
+_COMPACT: dict[str, tuple[str, ...]] = {
+    "RunRow": (
+        "run",
+        "calls",
+        "input_tokens",
+        "output_tokens",
+        "wall_s",
+        "throughput_tps",
+        "server.spec_decode_acceptance_rate",
+        "server.reconciled",
+    ),
+    "EraRow": ("group", "runs", "days", "mean_throughput_tps", "median_throughput_tps", "mean_wall_s", "formula"),
+    "CallView": (
+        "call_id",
+        "ticker",
+        "status",
+        "input_tokens",
+        "output_tokens",
+        "elapsed_s",
+        "ttft_s",
+        "decode_tps",
+    ),
+}
+# columns of the compact set shown only where some row has a value (the server block: where sampled)
+_OPTIONAL: dict[str, frozenset[str]] = {
+    "RunRow": frozenset({"server.spec_decode_acceptance_rate", "server.reconciled"}),
+}
+
+
+class UnknownColumns(ProjectionError):
+    """`--columns` named a field the rows do not have (exit 2, listing the valid names)."""
+
+
+def compact_columns(row_type: type[msgspec.Struct], names: Sequence[str], *, when_present: Sequence[str] = ()) -> None:
+    """Register the default table columns of `row_type` (flattened names); `when_present` ones only if non-null."""
+    _COMPACT[row_type.__name__] = tuple(names)
+    _OPTIONAL[row_type.__name__] = frozenset(when_present)
 
 
 def flatten(row: msgspec.Struct) -> dict[str, Any]:
@@ -47,6 +108,16 @@ def flatten(row: msgspec.Struct) -> dict[str, Any]:
     return out
 
 
+def parse_columns(text: str | None) -> list[str] | None:
+    """`--columns a,b,c` as a list (None when not given)."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UnknownColumns("--columns needs at least one field name, e.g. --columns run,calls")
+    return names
+
+
 _SHORT = {
     "failed_calls": "failed",
     "incomplete_calls": "incomplete",
@@ -60,8 +131,13 @@ _SHORT = {
     "server.spec_decode_acceptance_rate": "accept",
     "server.kv_cache_usage_max": "KV max",
     "server.requests_running_mean": "running mean",
-    "server.requests_running_max": "max",
+    "server.requests_running_max": "running max",
     "server.reconciled": "reconciled",
+    "mean_throughput_tps": "mean tok/s",
+    "median_throughput_tps": "median tok/s",
+    "min_throughput_tps": "min tok/s",
+    "max_throughput_tps": "max tok/s",
+    "mean_wall_s": "mean wall_s",
 }
 
 
@@ -80,7 +156,113 @@ def _cell(value: Any, zone: ZoneInfo | None) -> str:
     return str(value)
 
 
-def print_rows(rows: Sequence[msgspec.Struct], fmt: str, *, title: str = "", zone: ZoneInfo | None = None) -> None:
+def _numeric(values: Sequence[Any]) -> bool:
+    """Right-aligned: every value a number (a column of only `-` too)."""
+    present = [v for v in values if v is not None]
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
+
+
+def _terminal_width() -> int:
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    return DEFAULT_WIDTH
+
+
+def _console(width: int) -> Console:
+    # a height too: with the width alone, rich sizes a TERM=dumb terminal (Emacs, some CI) at 80 columns
+    return Console(width=width, height=shutil.get_terminal_size((width, 24)).lines, soft_wrap=False)
+
+
+def _chosen(
+    row_type: type[msgspec.Struct], flat: list[dict[str, Any]], columns: Sequence[str] | None, wide: bool
+) -> list[str]:
+    """The columns to show: those asked for (checked), all (`wide`), or the type's compact set."""
+    available = list(flat[0])
+    if columns is not None:
+        unknown = [c for c in columns if c not in available]
+        if unknown:
+            raise UnknownColumns(
+                f"--columns: unknown {', '.join(repr(c) for c in unknown)}; valid: {', '.join(available)}"
+            )
+        return list(columns)
+    compact = _COMPACT.get(row_type.__name__)
+    if wide or compact is None:
+        return available
+    optional = _OPTIONAL.get(row_type.__name__, frozenset())
+    return [c for c in compact if c not in optional or any(r.get(c) is not None for r in flat)]
+
+
+def _clip(text: str, limit: int) -> str:
+    """`text` in at most `limit` terminal cells, ending in `…` when shortened."""
+    if cell_len(text) <= limit:
+        return text
+    return set_cell_size(text, max(limit - 1, 0)).rstrip() + "…"
+
+
+def _print_title(console: Console, title: str) -> None:
+    # its own line, not the table's title (rich wraps that to the table's width); Text: a `[` is not markup
+    if title:
+        console.print(Text(_clip(title, console.width), style="bold"))
+
+
+def _table(names: Sequence[str], cells: dict[str, list[str]], numeric: dict[str, bool]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for name in names:
+        table.add_column(
+            _SHORT.get(name, name), justify="right" if numeric[name] else "left", no_wrap=True, overflow="ellipsis"
+        )
+    for i in range(len(cells[names[0]])):
+        table.add_row(*(Text(cells[n][i]) for n in names))
+    return table
+
+
+def _overhead(count: int) -> int:
+    """Characters a SIMPLE_HEAD table without edges adds to its columns' contents: padding and separators."""
+    return 3 * count - 1
+
+
+def _fit(names: list[str], widths: dict[str, int], numeric: dict[str, bool], width: int) -> tuple[list[str], int]:
+    """(columns kept, width to ellipsise text columns to).
+
+    Long text cells are shortened first (never below _MIN_TEXT or their header; the first column,
+    the row's name, not below _MIN_KEY); then columns are left out from the right.
+    """
+    kept = list(names)
+
+    def used(cap: int) -> int:
+        return sum(widths[n] if numeric[n] else _limit(n, i, cap, widths[n]) for i, n in enumerate(kept))
+
+    while True:
+        budget = width - _overhead(len(kept))
+        cap = max(widths.values())
+        while cap > _MIN_TEXT and used(cap) > budget:
+            cap -= 1
+        if used(cap) <= budget or len(kept) == 1:
+            return kept, cap
+        kept.pop()
+
+
+def _limit(name: str, index: int, cap: int, natural: int) -> int:
+    """The width text column `name` (at `index`) gets under `cap`."""
+    floor = _MIN_KEY if index == 0 else 0
+    return min(natural, max(cap, floor, len(_SHORT.get(name, name))))
+
+
+def print_rows(
+    rows: Sequence[msgspec.Struct],
+    fmt: str,
+    *,
+    title: str = "",
+    zone: ZoneInfo | None = None,
+    columns: Sequence[str] | None = None,
+    wide: bool = False,
+    record: bool = False,
+    width: int | None = None,
+) -> None:
+    """Print `rows` as `fmt` (table, json, csv). Tables: see the module docstring; `record` = one field a line."""
     if fmt == "json":
         sys.stdout.buffer.write(_encoder.encode(list(rows)) + b"\n")
         sys.stdout.flush()
@@ -96,13 +278,47 @@ def print_rows(rows: Sequence[msgspec.Struct], fmt: str, *, title: str = "", zon
                 ["" if v is None else v.isoformat() if isinstance(v, datetime) else v for v in row.values()]
             )
         return
-    console = Console() if sys.stdout.isatty() else Console(width=400)
+    width = width or _terminal_width()
     if not flat:
-        console.print(f"[dim]{title}: no rows[/dim]" if title else "[dim]no rows[/dim]")
+        _console(width).print(f"{title}: no rows" if title else "no rows", style="dim", markup=False)
         return
-    table = Table(title=title or None)
-    for name in flat[0]:
-        table.add_column(_SHORT.get(name, name), overflow="fold")
-    for row in flat:
-        table.add_row(*(_cell(v, zone) for v in row.values()))
+    names = _chosen(type(rows[0]), flat, columns, wide or record)
+    if record:
+        _print_record(flat[0], names, title, zone, width)
+        return
+    cells = {n: [_cell(r[n], zone) for r in flat] for n in names}
+    numeric = {n: _numeric([r[n] for r in flat]) for n in names}
+    widths = {n: max(len(_SHORT.get(n, n)), *(cell_len(c) for c in cells[n])) for n in names}
+    hidden: list[str] = []
+    if wide or columns is not None:  # asked for: natural width, even past the terminal
+        kept, cap = names, max(widths.values())
+        width = max(width, sum(widths.values()) + _overhead(len(names)))
+    else:
+        kept, cap = _fit(names, widths, numeric, width)
+        hidden = names[len(kept) :]
+    for i, n in enumerate(kept):
+        # a first column that is all there is gets the whole line
+        limit = width - _overhead(1) if len(kept) == 1 else _limit(n, i, cap, widths[n])
+        if not numeric[n]:
+            cells[n] = [_clip(c, limit) for c in cells[n]]
+    console = _console(width)
+    _print_title(console, title)
+    console.print(_table(kept, cells, numeric))
+    if hidden:
+        more = f"{len(hidden)} more column{'s' if len(hidden) > 1 else ''}"
+        note = f"{more} (--wide, --columns): {', '.join(hidden)}"
+        console.print(_clip(note, width), style="dim", markup=False)
+
+
+def _print_record(row: dict[str, Any], names: Sequence[str], title: str, zone: ZoneInfo | None, width: int) -> None:
+    """One row as `field  value` lines: a single call or run fits any terminal."""
+    label = max(len(n) for n in names)
+    room = max(_MIN_TEXT, width - label - _overhead(2))
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, show_header=False)
+    table.add_column("field", style="bold", no_wrap=True)
+    table.add_column("value", no_wrap=True, overflow="ellipsis", max_width=room)
+    for name in names:
+        table.add_row(name, Text(_clip(_cell(row[name], zone), room)))
+    console = _console(width)
+    _print_title(console, title)
     console.print(table)

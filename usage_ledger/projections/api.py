@@ -8,6 +8,10 @@ The OpenAPI schema says exactly what is accepted (bounds of `offset` and `limit`
 formulas and time zones) and every answer: 400 (a parameter out of range or unknown), 404 (no such
 run or call), 401 (when an admin token is set); errors are Litestar's `{status_code, detail}`.
 A `run` filter is read under the rule of `projections.text`, as the rows were written.
+
+The lists take the CLI's call filters (`projections.filters`): `since`, `until` (ISO dates or
+date-times; without an offset, local in `tz`, else LEDGER_TZ), `model` and `status`. `/calls`
+answers with `total`, the number of calls matching on all pages.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.callviews import calls_page, get_call
 from usage_ledger.projections.errors import NotFound, ProjectionError
+from usage_ledger.projections.filters import CALL_STATUSES, CallFilter, parse_filter
 from usage_ledger.projections.formulas import FORMULAS
-from usage_ledger.projections.reports import daily_report, runs_report, tickers_report, weekday_mean
+from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
 from usage_ledger.projections.text import projection_text_or_none
 
@@ -47,6 +52,20 @@ Zone = Annotated[
         schema_extra={"enum": sorted(zoneinfo.available_timezones())},
     ),
 ]
+_WHEN = "an ISO date or date-time, e.g. 2026-03-01, 2026-03-01T09:00 (local in `tz`) or 2026-03-01T09:00+09:00"
+Since = Annotated[str | None, QueryParameter(description=f"calls started at or after {_WHEN}")]
+Until = Annotated[
+    str | None, QueryParameter(description=f"calls started before {_WHEN}; a bare date includes that day")
+]
+Model = Annotated[str | None, QueryParameter(description="only calls of this model")]
+_ONE_STATUS = "|".join(CALL_STATUSES)
+Status = Annotated[
+    str | None,
+    QueryParameter(
+        description=f"only calls with these statuses, comma-separated: {', '.join(CALL_STATUSES)}",
+        pattern=f"^({_ONE_STATUS})(,({_ONE_STATUS}))*$",
+    ),
+]
 Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls to skip, 0..{MAX_OFFSET}")]
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
 
@@ -64,31 +83,85 @@ def build_api_routers(database: Database, settings: Settings | None = None) -> l
     guarded: list[type[HTTPException]] = [NotAuthorizedException] if settings.admin_token else []
     may_miss = [*guarded, NotFoundException]
 
+    def selected(
+        tz: str | None, since: str | None, until: str | None, model: str | None, status: str | None
+    ) -> CallFilter:
+        zone = parse_zone(settings.tz if tz is None else tz)
+        return parse_filter(zone=zone, since=since, until=until, model=model, status=status)
+
     @get("/runs", raises=may_miss)
-    async def runs(formula: Formula = None, run: Run = None) -> list[RunRow]:
+    async def runs(
+        formula: Formula = None,
+        run: Run = None,
+        tz: Zone = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> list[RunRow]:
         run = projection_text_or_none(run)
-        return await runs_report(database, formula=formula, run=run, run_gap_s=gap, refresh=False)
+        filters = selected(tz, since, until, model, status)
+        return await runs_report(database, formula=formula, run=run, run_gap_s=gap, refresh=False, filters=filters)
 
     @get("/tickers", raises=may_miss)
-    async def tickers(run: Run = None) -> list[TickerRow]:
+    async def tickers(
+        run: Run = None,
+        tz: Zone = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> list[TickerRow]:
         run = projection_text_or_none(run)
-        return await tickers_report(database, run=run, run_gap_s=gap, refresh=False)
+        filters = selected(tz, since, until, model, status)
+        return await tickers_report(database, run=run, run_gap_s=gap, refresh=False, filters=filters)
+
+    async def days(
+        tz: str | None, run: str | None, since: str | None, until: str | None, model: str | None, status: str | None
+    ) -> list[DailyRow]:
+        filters = selected(tz, since, until, model, status)
+        zone = settings.tz if tz is None else tz
+        run = projection_text_or_none(run)
+        return await daily_report(database, tz=zone, run=run, run_gap_s=gap, refresh=False, filters=filters)
 
     @get("/daily", raises=may_miss)
-    async def daily(tz: Zone = None, run: Run = None) -> list[DailyRow]:
-        run = projection_text_or_none(run)
-        return await daily_report(database, tz=settings.tz if tz is None else tz, run=run, run_gap_s=gap, refresh=False)
+    async def daily(
+        tz: Zone = None,
+        run: Run = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> list[DailyRow]:
+        return await days(tz, run, since, until, model, status)
 
     @get("/daily/weekday-mean", raises=may_miss)
-    async def daily_weekday_mean(tz: Zone = None, run: Run = None) -> list[WeekdayRow]:
-        run = projection_text_or_none(run)
-        rows = await daily_report(database, tz=settings.tz if tz is None else tz, run=run, run_gap_s=gap, refresh=False)
-        return weekday_mean(rows)
+    async def daily_weekday_mean(
+        tz: Zone = None,
+        run: Run = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> list[WeekdayRow]:
+        return weekday_mean(await days(tz, run, since, until, model, status))
 
     @get("/calls", raises=may_miss)
-    async def calls(run: Run = None, offset: Offset = 0, limit: Limit = 100) -> CallsPage:
+    async def calls(
+        run: Run = None,
+        offset: Offset = 0,
+        limit: Limit = 100,
+        tz: Zone = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> CallsPage:
         run = projection_text_or_none(run)
-        return await calls_page(database, run=run, offset=offset, limit=limit, run_gap_s=gap, refresh=False)
+        filters = selected(tz, since, until, model, status)
+        return await calls_page(
+            database, run=run, offset=offset, limit=limit, run_gap_s=gap, refresh=False, filters=filters
+        )
 
     @get("/calls/{call_id:str}", raises=may_miss)
     async def call(call_id: FromPath[str]) -> CallView:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -22,6 +22,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.projections._aggregate import run_filter
 from usage_ledger.projections.calls import decode_rate_note
 from usage_ledger.projections.errors import NotFound
+from usage_ledger.projections.filters import NO_FILTER, CallFilter, filter_clauses
 from usage_ledger.projections.reports import live_versions
 from usage_ledger.projections.rows import CallsPage, CallView
 from usage_ledger.projections.tables import calls
@@ -66,8 +67,10 @@ async def get_call(database: Database, call_id: str, *, refresh: bool = True) ->
         return _view(row, await _in_flight(conn, version, row))
 
 
-async def _where(conn: AsyncConnection, version: int, run: str | None, run_gap_s: float) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = [calls.c.version == version]
+async def _where(
+    conn: AsyncConnection, version: int, run: str | None, run_gap_s: float, filters: CallFilter = NO_FILTER
+) -> list[ColumnElement[bool]]:
+    where: list[ColumnElement[bool]] = [calls.c.version == version, *filter_clauses(filters)]
     if run is not None:
         clause = await run_filter(conn, version, run, run_gap_s)
         if clause is None:
@@ -84,13 +87,15 @@ async def calls_page(
     limit: int = 100,
     run_gap_s: float = 900.0,
     refresh: bool = True,
+    filters: CallFilter = NO_FILTER,
 ) -> CallsPage:
-    """Calls in start order, `limit` at a time (at most 1000)."""
+    """Calls in start order (those matching `filters`), `limit` at a time (at most 1000), and how many match."""
     limit = max(1, min(limit, 1000))
     offset = max(0, offset)
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        where = await _where(conn, version, run, run_gap_s)
+        where = await _where(conn, version, run, run_gap_s, filters)
+        total = int((await conn.execute(select(func.count()).select_from(calls).where(*where))).scalar_one())
         result = await conn.execute(
             select(*_VIEW_COLUMNS)
             .where(*where)
@@ -100,23 +105,29 @@ async def calls_page(
         )
         rows = list(result.mappings())
         items = [_view(r, await _in_flight(conn, version, r)) for r in rows[:limit]]
-    return CallsPage(items=items, offset=offset, limit=limit, next_offset=offset + limit if len(rows) > limit else None)
+    return CallsPage(
+        items=items, offset=offset, limit=limit, next_offset=offset + limit if len(rows) > limit else None, total=total
+    )
 
 
 async def iter_calls(
-    database: Database, *, run: str | None = None, run_gap_s: float = 900.0, refresh: bool = True
+    database: Database,
+    *,
+    run: str | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+    filters: CallFilter = NO_FILTER,
 ) -> AsyncIterator[CallView]:
-    """Every call (or every call of `run`) in start order, with `in_flight` from a sweep over all calls."""
+    """Every call (or every call of `run`, matching `filters`) in start order, `in_flight` swept over all calls."""
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        selected = None
-        if run is not None:
-            selected = await _where(conn, version, run, run_gap_s)
         query = select(*_VIEW_COLUMNS).where(calls.c.version == version).order_by(calls.c.started_at, calls.c.call_id)
         wanted: set[str] | None = None
-        if selected is not None:
-            ids = await conn.execute(select(calls.c.call_id).where(*selected))
+        if run is not None:
+            ids = await conn.execute(select(calls.c.call_id).where(*await _where(conn, version, run, run_gap_s)))
             wanted = set(ids.scalars())
+        if filters.active:  # every call still feeds the sweep; the flag says which are written
+            query = query.add_columns(case((and_(*filter_clauses(filters)), 1), else_=0).label("selected_by_filter"))
         ends: list[datetime] = []
         group: list[Any] = []
         result = await conn.stream(query)
@@ -143,6 +154,8 @@ def _flush(group: list[Mapping[str, Any]], ends: list[datetime], wanted: set[str
     out = []
     for row in group:
         if wanted is not None and row["call_id"] not in wanted:
+            continue
+        if not row.get("selected_by_filter", 1):
             continue
         counted = row["ended_at"] is not None and row["ended_at"] > started
         out.append(_view(row, len(ends) + (0 if counted else 1)))

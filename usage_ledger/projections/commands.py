@@ -8,6 +8,7 @@ from usage_ledger.ledger.commands import add_db_option
 from usage_ledger.projections import _cli, _server_cli
 from usage_ledger.projections._agreement_cli import add_agreement_parser
 from usage_ledger.projections._compare_cli import compare_command
+from usage_ledger.projections.filters import CALL_STATUSES
 from usage_ledger.projections.formulas import FORMULAS
 
 __all__ = ("register",)
@@ -20,6 +21,18 @@ def _fmt(parser: argparse.ArgumentParser, *choices: str) -> None:
         choices=choices or ("table", "json", "csv"),
         default=choices[0] if choices else "table",
     )
+
+
+def _filter_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--since", metavar="WHEN", help="calls started at or after (ISO date/time; local per --tz)")
+    parser.add_argument("--until", metavar="WHEN", help="calls started before (a bare date: through that day)")
+    parser.add_argument("--model", help="only calls of this model")
+    parser.add_argument("--status", metavar="S[,S]", help=f"only calls with these statuses: {', '.join(CALL_STATUSES)}")
+
+
+def _column_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--columns", metavar="A,B,…", help="table: exactly these fields (any field of the row)")
+    parser.add_argument("--wide", action="store_true", help="table: every field, even past the terminal width")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +57,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--formula", choices=formulas, help="throughput formula (default: the promoted one)")
     p.add_argument("--weekday-mean", action="store_true", help="daily: mean per weekday instead of per day")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    _filter_options(p)
+    _column_options(p)
     _fmt(p)
     p.set_defaults(func=_cli.report_command)
 
@@ -127,6 +142,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run")
     p.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout; parquet needs a file)")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    p.add_argument("--tz", help="IANA time zone for --since/--until without an offset (else LEDGER_TZ)")
+    _filter_options(p)
     p.set_defaults(func=_cli.export_command)
 
     p = sub.add_parser("show", help="one call (with bodies) or one run")
@@ -135,13 +152,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_db_option(call)
     call.add_argument("call_id", metavar="ID")
     call.add_argument("--no-bodies", action="store_true")
+    call.add_argument("--tz", help="IANA time zone for times (else LEDGER_TZ)")
+    _column_options(call)
     _fmt(call, "text", "json")
     call.set_defaults(func=_cli.show_call_command)
-    run_p = what.add_parser("run", help="a run's report row and its tickers")
+    run_p = what.add_parser("run", help="a run's report row, its tickers and its calls (paged)")
     add_db_option(run_p)
     run_p.add_argument("run", metavar="R")
     run_p.add_argument("--formula", choices=formulas)
     run_p.add_argument("--tz")
     run_p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    run_p.add_argument("--limit", type=int, default=20, help="calls a page, 1..1000 (default %(default)s)")
+    paging = run_p.add_mutually_exclusive_group()
+    paging.add_argument("--offset", type=int, default=0, help="calls to skip")
+    paging.add_argument("--page", type=int, help="page number (from 1) of --limit calls")
+    _column_options(run_p)
     _fmt(run_p, "table", "json")
     run_p.set_defaults(func=_cli.show_run_command)

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import msgspec
 
 from usage_ledger.ledger.db import Database
+from usage_ledger.projections.filters import NO_FILTER, CallFilter
 from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.rows import RunRow
 
@@ -65,9 +66,10 @@ async def eras_report(
     formula: str | None = None,
     zone: ZoneInfo,
     run_gap_s: float = 900.0,
+    filters: CallFilter = NO_FILTER,
 ) -> list[EraRow]:
-    """One row per value of `by`, in order of each group's first run."""
-    runs = await runs_report(database, formula=formula, run_gap_s=run_gap_s)
+    """One row per value of `by`, in order of each group's first run (runs as `filters` leave them)."""
+    runs = await runs_report(database, formula=formula, run_gap_s=run_gap_s, filters=filters)
     groups: dict[str | None, list[RunRow]] = {}
     for run in runs:  # runs_report orders by first call start
         if kind is None or run.labels.get("kind") == kind:

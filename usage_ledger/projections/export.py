@@ -20,10 +20,11 @@ from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import BlobNotFound
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.callviews import get_call, iter_calls
+from usage_ledger.projections.callviews import calls_page, get_call, iter_calls
 from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.filters import NO_FILTER, CallFilter
 from usage_ledger.projections.reports import runs_report, tickers_report
-from usage_ledger.projections.rows import CallView, RunRow, TickerRow
+from usage_ledger.projections.rows import CallsPage, CallView, RunRow, TickerRow
 
 __all__ = ("CallDetail", "EventView", "RunDetail", "export_calls", "show_call", "show_run")
 
@@ -54,6 +55,8 @@ class CallDetail(msgspec.Struct, frozen=True, kw_only=True):
 class RunDetail(msgspec.Struct, frozen=True, kw_only=True):
     run: RunRow
     tickers: list[TickerRow]
+    calls: CallsPage | None = None
+    """One page of the run's calls, in start order, with the total."""
 
 
 def _csv_value(value: Any) -> Any:
@@ -143,11 +146,12 @@ async def export_calls(
     output: str | Path | None = None,
     stdout: IO[bytes] | None = None,
     run_gap_s: float = 900.0,
+    filters: CallFilter = NO_FILTER,
 ) -> int:
-    """Write every call (or the calls of `run`) to `output` (or `stdout`); returns how many."""
+    """Write every call (or the calls of `run`), of those matching `filters`, to `output` (or `stdout`)."""
     if fmt not in ("jsonl", "csv", "parquet"):
         raise ProjectionError(f"unknown export format {fmt!r}: use jsonl, csv or parquet")
-    rows = iter_calls(database, run=run, run_gap_s=run_gap_s)
+    rows = iter_calls(database, run=run, run_gap_s=run_gap_s, filters=filters)
     if fmt == "parquet":
         if output is None:
             raise ProjectionError("parquet export needs --output FILE")
@@ -189,7 +193,17 @@ async def show_call(database: Database, call_id: str, *, bodies: bool = True) ->
     return CallDetail(call=view, events=history, request=request, response=response)
 
 
-async def show_run(database: Database, run: str, *, formula: str | None = None, run_gap_s: float = 900.0) -> RunDetail:
+async def show_run(
+    database: Database,
+    run: str,
+    *,
+    formula: str | None = None,
+    run_gap_s: float = 900.0,
+    offset: int = 0,
+    limit: int = 20,
+) -> RunDetail:
+    """A run's report row, its tickers and a page of its calls (`offset`, `limit`)."""
     rows = await runs_report(database, formula=formula, run=run, run_gap_s=run_gap_s)
     tickers = await tickers_report(database, run=run, run_gap_s=run_gap_s, refresh=False)
-    return RunDetail(run=rows[0], tickers=tickers)
+    page = await calls_page(database, run=run, offset=offset, limit=limit, run_gap_s=run_gap_s, refresh=False)
+    return RunDetail(run=rows[0], tickers=tickers, calls=page)

@@ -21,6 +21,7 @@ from usage_ledger.projections.annotations import labels_for_run, load_annotation
 from usage_ledger.projections.calls import FAILED_STATUSES
 from usage_ledger.projections.engine import catch_up_all, live_version
 from usage_ledger.projections.errors import NotFound, ProjectionError
+from usage_ledger.projections.filters import NO_FILTER, CallFilter, filter_clauses
 from usage_ledger.projections.formulas import get_formula
 from usage_ledger.projections.rows import CallsPerTicker, DailyRow, RecomputeRow, RunRow, TickerRow, WeekdayRow
 from usage_ledger.projections.server import load_samples, samples_of_run, server_block
@@ -97,33 +98,45 @@ async def runs_report(
     run: str | None = None,
     run_gap_s: float = 900.0,
     refresh: bool = True,
+    filters: CallFilter = NO_FILTER,
 ) -> list[RunRow]:
-    """One row per run (DESIGN §6), ordered by first call start."""
+    """One row per run (DESIGN §6) with calls matching `filters`, ordered by first call start."""
     if formula is not None:
         get_formula(formula)
     version, notes_version, default = await live_versions(database, refresh=refresh)
     formula = formula or default
     async with database.engine.connect() as conn:
-        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s, selected=filter_clauses(filters))
         notes = await load_annotations(conn, notes_version)
         samples = await load_samples(conn)
-    if run is not None and not runs:
-        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+        if run is not None and not runs:
+            await _require_run(conn, version, run, run_gap_s, filters)
     return [
         _run_row(name, acc, formula, labels_for_run(notes, name, acc.first_start), samples)
         for name, acc in sorted(runs.items(), key=_order)
     ]
 
 
+async def _require_run(conn: AsyncConnection, version: int, run: str, run_gap_s: float, filters: CallFilter) -> None:
+    """NotFound unless `run` exists: a filter may leave an existing run without calls (then the report is empty)."""
+    if not filters.active or not await collect_runs(conn, version, run=run, run_gap_s=run_gap_s):
+        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+
+
 async def tickers_report(
-    database: Database, *, run: str | None = None, run_gap_s: float = 900.0, refresh: bool = True
+    database: Database,
+    *,
+    run: str | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+    filters: CallFilter = NO_FILTER,
 ) -> list[TickerRow]:
-    """Calls and tokens per run and ticker."""
+    """Calls and tokens per run and ticker (of the calls matching `filters`)."""
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
-    if run is not None and not runs:
-        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+        runs = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s, selected=filter_clauses(filters))
+        if run is not None and not runs:
+            await _require_run(conn, version, run, run_gap_s, filters)
     return [
         TickerRow(run=name, ticker=ticker, calls=t[0], input_tokens=t[1], output_tokens=t[2])
         for name, acc in sorted(runs.items(), key=_order)
@@ -179,15 +192,16 @@ async def daily_report(
     run: str | None = None,
     run_gap_s: float = 900.0,
     refresh: bool = True,
+    filters: CallFilter = NO_FILTER,
 ) -> list[DailyRow]:
-    """Calls, failures and tokens per calendar day in `tz` (by call start), DST-correct.
+    """Calls, failures and tokens per calendar day in `tz` (by call start, of calls matching `filters`), DST-correct.
 
     SQL sums per 15-minute UTC bucket; each bucket is then mapped to its local date with zoneinfo.
     """
     zone = parse_zone(tz)
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        where = [calls.c.version == version]
+        where = [calls.c.version == version, *filter_clauses(filters)]
         if run is not None:
             clause = await run_filter(conn, version, run, run_gap_s)
             if clause is None:

@@ -121,3 +121,5 @@ class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
     offset: int
     limit: int
     next_offset: int | None
+    total: int | None = None
+    """Calls matching the query on all pages (None only in pages written before it was counted)."""

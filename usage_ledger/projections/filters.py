@@ -1,0 +1,106 @@
+"""Which calls a report, an export or an API list covers: `--since`, `--until`, `--model`, `--status`.
+
+One rule for the CLI and the API. Times select by call start: `since` inclusive, `until`
+exclusive. A bare date is a whole local day in the zone of the command (`--tz`, else
+LEDGER_TZ): `--since 2026-03-01` starts at its local midnight and `--until 2026-03-01` ends at
+the next one (the day is included); a date-time without an offset is local too, one with an
+offset means what it says. Runs keep the names they have without a filter (an `auto-…` run is
+cut by idle gaps over all calls), and show only their selected calls.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime, time, timedelta
+from zoneinfo import ZoneInfo
+
+import msgspec
+from sqlalchemy.sql.elements import ColumnElement
+
+from usage_ledger.projections.calls import FAILED_STATUSES
+from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.tables import calls
+from usage_ledger.projections.text import projection_text
+
+__all__ = ("CALL_STATUSES", "NO_FILTER", "CallFilter", "InvalidFilter", "filter_clauses", "parse_filter", "parse_time")
+
+CALL_STATUSES: tuple[str, ...] = ("ok", *FAILED_STATUSES, "incomplete")
+"""Every status the calls projection writes (`ok`, `error` = an upstream error status, `failed`, `incomplete`)."""
+
+
+class InvalidFilter(ProjectionError):
+    """A filter value that cannot be read (the CLI exits 2, the API answers 400)."""
+
+
+class CallFilter(msgspec.Struct, frozen=True, kw_only=True):
+    since: datetime | None = None
+    until: datetime | None = None
+    model: str | None = None
+    statuses: tuple[str, ...] = ()
+
+    @property
+    def active(self) -> bool:
+        return bool(self.since or self.until or self.model is not None or self.statuses)
+
+
+NO_FILTER = CallFilter()
+
+
+def parse_time(text: str, flag: str, zone: ZoneInfo, *, end: bool = False) -> datetime:
+    """An ISO date or date-time as a UTC instant; a bare date is its local midnight (the next one if `end`)."""
+    try:
+        day = date.fromisoformat(text)
+    except ValueError:
+        day = None
+    try:
+        if day is not None:
+            local = datetime.combine(day + timedelta(days=1) if end else day, time(), tzinfo=zone)
+        else:
+            value = datetime.fromisoformat(text)
+            local = value if value.tzinfo is not None else value.replace(tzinfo=zone)
+        return local.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise InvalidFilter(
+            f"{flag} {text!r}: expected an ISO date or date-time, e.g. 2026-03-01, 2026-03-01T09:00 "
+            f"(local, {zone.key}) or 2026-03-01T09:00+09:00"
+        ) from None
+
+
+def parse_filter(
+    *,
+    zone: ZoneInfo,
+    since: str | None = None,
+    until: str | None = None,
+    model: str | None = None,
+    status: str | None = None,
+) -> CallFilter:
+    """The filter given as text (flags or query parameters); `status` may list several, comma-separated."""
+    start = parse_time(since, "since", zone) if since is not None else None
+    stop = parse_time(until, "until", zone, end=True) if until is not None else None
+    if start is not None and stop is not None and start >= stop:
+        raise InvalidFilter(f"since {since!r} is not before until {until!r}: nothing could match")
+    statuses: tuple[str, ...] = ()
+    if status is not None:
+        statuses = tuple(dict.fromkeys(s.strip() for s in status.split(",") if s.strip()))
+        unknown = [s for s in statuses if s not in CALL_STATUSES]
+        if unknown or not statuses:
+            raise InvalidFilter(f"status {status!r}: use one or more of {', '.join(CALL_STATUSES)} (comma-separated)")
+    return CallFilter(
+        since=start,
+        until=stop,
+        model=None if model is None else projection_text(model),  # as the rows were written
+        statuses=statuses,
+    )
+
+
+def filter_clauses(selected: CallFilter) -> list[ColumnElement[bool]]:
+    """WHERE clauses on the calls projection for `selected` (none when it selects everything)."""
+    where: list[ColumnElement[bool]] = []
+    if selected.since is not None:
+        where.append(calls.c.started_at >= selected.since)
+    if selected.until is not None:
+        where.append(calls.c.started_at < selected.until)
+    if selected.model is not None:
+        where.append(calls.c.model == selected.model)
+    if selected.statuses:
+        where.append(calls.c.status.in_(selected.statuses))
+    return where

@@ -1,0 +1,118 @@
+"""The dashboard's door: when LEDGER_ADMIN_TOKEN is set, a browser enters the token once in a form
+and gets an HttpOnly, SameSite=Strict cookie; scripts may send `Authorization: Bearer <token>` as
+to the admin API. Both are compared in constant time (hmac.compare_digest), as the admin guard does.
+
+The cookie holds an HMAC of the token, not the token: a copied cookie opens the dashboard but
+does not give the admin API's bearer token away. Without a token set the dashboard is open, but
+it shows no request or response bodies (ui.pages): only a token-holder sees those.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import Cookie
+from litestar.enums import RequestEncodingType
+from litestar.exceptions import NotAuthorizedException
+from litestar.handlers.base import BaseRouteHandler
+from litestar.params import Body, FromQuery
+from litestar.response import Redirect
+from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED
+
+from usage_ledger.ui.render import Renderer
+
+__all__ = ("COOKIE", "LoginRequired", "UiAuth")
+
+COOKIE = "ledger_ui"
+UI_PREFIX = "/_ledger/ui"
+
+
+class LoginRequired(NotAuthorizedException):
+    """No valid cookie or bearer token: pages redirect to the form, the JSON endpoints answer 401."""
+
+
+class LoginForm(msgspec.Struct, frozen=True):
+    token: str = ""
+    next: str = ""
+
+
+def _safe_next(target: str) -> str:
+    """Only a path of the dashboard itself (no open redirect to another site)."""
+    if target.startswith(UI_PREFIX + "/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return UI_PREFIX + "/"
+
+
+class UiAuth:
+    def __init__(self, token: str | None, renderer: Renderer) -> None:
+        self.token = token
+        self.renderer = renderer
+        self._session = (
+            hmac.new(token.encode(), b"usage-ledger ui session", hashlib.sha256).hexdigest() if token else ""
+        )
+        self._bearer = f"Bearer {token}".encode() if token else b""
+
+    @property
+    def enabled(self) -> bool:
+        return self.token is not None
+
+    def allowed(self, connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
+        if self.token is None:
+            return True
+        cookie = connection.cookies.get(COOKIE, "").encode()
+        bearer = connection.headers.get("authorization", "").encode()
+        by_cookie = hmac.compare_digest(cookie, self._session.encode())
+        by_bearer = hmac.compare_digest(bearer, self._bearer)
+        return by_cookie or by_bearer
+
+    def guard(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+        if not self.allowed(connection):
+            raise LoginRequired("enter LEDGER_ADMIN_TOKEN at /_ledger/ui/login (or send Authorization: Bearer …)")
+
+    def to_login(self, request: Request[Any, Any, Any], _: Exception) -> Response[Any]:
+        """Exception handler of the pages: to the form, coming back to the page asked for."""
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return Redirect(f"{UI_PREFIX}/login", query_params={"next": target}, status_code=HTTP_303_SEE_OTHER)
+
+    def handlers(self) -> list[Any]:
+        auth = self
+
+        @get("/login", include_in_schema=False, sync_to_thread=False)
+        def login_form(next: FromQuery[str] = "") -> Response[str]:
+            return auth.renderer.page("login.html", title="Enter the admin token", next=_safe_next(next), error=None)
+
+        @post("/login", include_in_schema=False, sync_to_thread=False)
+        def login(
+            request: Request[Any, Any, Any],
+            data: Annotated[LoginForm, Body(media_type=RequestEncodingType.URL_ENCODED)],
+        ) -> Response[str]:
+            target = _safe_next(data.next)
+            if auth.token is None:
+                return Redirect(target, status_code=HTTP_303_SEE_OTHER)
+            if not hmac.compare_digest(data.token.encode(), auth.token.encode()):
+                page = auth.renderer.page(
+                    "login.html", title="Enter the admin token", next=target, error="That is not the admin token."
+                )
+                page.status_code = HTTP_401_UNAUTHORIZED
+                return page
+            cookie = Cookie(
+                key=COOKIE,
+                value=auth._session,
+                path=UI_PREFIX,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+            )
+            return Redirect(target, status_code=HTTP_303_SEE_OTHER, cookies=[cookie])
+
+        @post("/logout", include_in_schema=False, sync_to_thread=False)
+        def logout() -> Response[str]:
+            gone = Cookie(key=COOKIE, value="", path=UI_PREFIX, httponly=True, samesite="strict", max_age=0)
+            return Redirect(f"{UI_PREFIX}/login", status_code=HTTP_303_SEE_OTHER, cookies=[gone])
+
+        return [login_form, login, logout]

@@ -1,0 +1,71 @@
+"""`ledger ui --db URL [--host H] [--port N]`: the dashboard alone over any ledger, no gateway.
+
+It appends nothing to the ledger. Unless `--no-refresh`, it brings the projections (derived read
+models, rebuildable at any time) up to the head before it answers, at most every 2 s, as
+`ledger report` does; with `--no-refresh` it only reads (e.g. beside a `ledger serve` that follows).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import uvicorn
+from sqlalchemy.engine import make_url
+
+from usage_ledger.ledger.commands import add_db_option, run_command, settings_from_args
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.migrate import require_head
+from usage_ledger.ui.routers import create_ui_app
+
+__all__ = ("DEFAULT_PORT", "register")
+
+DEFAULT_PORT = 8301
+"""Beside the gateway's 8300."""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("ui", help="serve the dashboard over a ledger, without the gateway (appends no event)")
+    add_db_option(parser)
+    parser.add_argument("--host", help="listen address (default 127.0.0.1, or LEDGER_HOST)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"listen port (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--no-refresh", action="store_true", help="never catch the projections up (read them as they are)"
+    )
+    parser.set_defaults(func=_ui)
+
+
+def _missing_sqlite_file(url: str) -> Path | None:
+    """A SQLite ledger file that does not exist (opening it would leave an empty file behind)."""
+    parsed = make_url(url)
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database)
+    return None if path.exists() else path
+
+
+def _ui(args: argparse.Namespace) -> int:
+    async def main() -> int:
+        settings = settings_from_args(args, "host")
+        configure_logging(settings.log_level, settings.log_format)
+        missing = _missing_sqlite_file(settings.database_url)
+        if missing is not None:
+            raise LedgerError(
+                f"no ledger at {missing}: give --db URL of an existing ledger (or run `ledger db upgrade`)"
+            )
+        database = open_database(settings.database_url)
+        try:
+            await require_head(database)
+            app = create_ui_app(database, settings, refresh=not args.no_refresh)
+            config = uvicorn.Config(
+                app, host=settings.host, port=args.port, log_level=settings.log_level.lower(), access_log=False
+            )
+            print(f"ledger ui: http://{settings.host}:{args.port}/_ledger/ui/ over {database.safe_url}", flush=True)
+            await uvicorn.Server(config).serve()
+        finally:
+            await database.dispose()
+        return 0
+
+    return run_command(main)

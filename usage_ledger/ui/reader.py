@@ -1,0 +1,39 @@
+"""How the dashboard reads: the database, the settings, and whether it brings the projections up to date.
+
+Inside `ledger serve` a follower process keeps the projections current, so the dashboard never
+catches up itself (a catch-up on the gateway's loop stalls the proxy: usage_ledger/followers.py).
+`ledger ui` runs beside no follower: it catches up before reading, at most once per
+`refresh_every_s` and one pass at a time, unless told `--no-refresh`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.settings import Settings
+from usage_ledger.projections.engine import catch_up_all
+
+__all__ = ("Reader",)
+
+
+class Reader:
+    def __init__(
+        self, database: Database, settings: Settings, *, refresh: bool = False, refresh_every_s: float = 2.0
+    ) -> None:
+        self.database = database
+        self.settings = settings
+        self.refresh = refresh
+        self.refresh_every_s = refresh_every_s
+        self._lock = asyncio.Lock()
+        self._last = float("-inf")
+
+    async def ready(self) -> Database:
+        """The database, its projections caught up when this reader refreshes."""
+        if self.refresh:
+            async with self._lock:
+                if time.monotonic() - self._last >= self.refresh_every_s:
+                    await catch_up_all(self.database)
+                    self._last = time.monotonic()
+        return self.database
