@@ -97,12 +97,6 @@ def test_downgrade_refuses_unknown_and_newer_revisions(backend_url: str, capsys:
     assert code == 2 and "is newer than" in err and "ledger db upgrade" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0002's downgrade drops the projection tables but keeps their rows in ledger_checkpoints, so after "
-    "an upgrade the projections believe they are caught up and stay empty (fix: delete those checkpoints in "
-    "0002's downgrade)",
-)
 def test_projections_come_back_after_downgrade_and_upgrade(
     backend_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -79,6 +79,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The read models' checkpoints go with their rows: left behind, an upgrade would find the new,
+    # empty tables "caught up" and never fill them.
+    op.execute("DELETE FROM ledger_checkpoints WHERE projection IN ('calls', 'annotations')")
     op.drop_table("projection_annotations")
     op.drop_index(op.f("ix_projection_calls_version_started_at"), table_name="projection_calls")
     op.drop_index(op.f("ix_projection_calls_version_run_started_at"), table_name="projection_calls")
