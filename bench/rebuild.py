@@ -1,6 +1,6 @@
 """Benchmark: full rebuild of the calls projection vs a plain scan of the events table.
 
-    .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep]
+    .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep] [--gaps N]
 
 Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
 unless the database already holds them (--keep reuses it), then times:
@@ -35,12 +35,12 @@ from usage_ledger.ledger.events import CallFinished, CallStarted, Timings, Usage
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.engine import rebuild_projection
+from usage_ledger.projections.rebuild import rebuild_projection
 
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
 
-def _batch(first: int, count: int) -> list:  # type: ignore[type-arg]
+def _batch(first: int, count: int, gaps: int = 0) -> list:  # type: ignore[type-arg]
     out = []
     for i in range(first, first + count):
         lane, slot = i % 14, i // 14
@@ -66,7 +66,11 @@ def _batch(first: int, count: int) -> list:  # type: ignore[type-arg]
             finished=t1,
         )
         usage = Usage(prompt_tokens=10_800 + i % 97, completion_tokens=1_470 + i % 31, total_tokens=12_270)
-        finish = CallFinished(call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings)
+        # a streamed call's inter-chunk gaps as the gateway records them (µs, around 15 ms each)
+        chunk_gaps = [15_000 + (i * 7 + k * 13) % 900 for k in range(gaps)]
+        finish = CallFinished(
+            call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings, chunk_gaps_us=chunk_gaps
+        )
         out.append(new_event(start, stream=f"call-{cid}", occurred_at=t0))
         out.append((i, new_event(finish, stream=f"call-{cid}", occurred_at=t1)))
     # finishes land 14 calls later, like overlapping calls do
@@ -86,6 +90,9 @@ async def main() -> None:
     parser.add_argument("--calls", type=int, default=1_000_000)
     parser.add_argument("--db", default="sqlite:///bench-rebuild.db")
     parser.add_argument("--keep", action="store_true", help="reuse an existing database of the same size")
+    parser.add_argument(
+        "--gaps", type=int, default=0, help="inter-chunk gaps per call.finished (a 1,470-token stream: ~1470)"
+    )
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -98,7 +105,7 @@ async def main() -> None:
         t = time.perf_counter()
         chunk = 10_000
         for first in range(head // 2, args.calls, chunk):
-            await append_events(database, _batch(first, min(chunk, args.calls - first)))
+            await append_events(database, _batch(first, min(chunk, args.calls - first), args.gaps))
         print(f"generated {2 * args.calls:,} events in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     async with database.engine.connect() as conn:
         head = await head_position(conn)

@@ -33,14 +33,8 @@ from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import checkpoints
 from usage_ledger.projections._bulk import insert_plain_calls, prepare_calls
 from usage_ledger.projections.calls import _sqlite_digest, rows_digest
-from usage_ledger.projections.engine import (
-    PROJECTIONS,
-    catch_up,
-    load_version,
-    projection_status,
-    rebuild_projection,
-    set_formula,
-)
+from usage_ledger.projections.engine import PROJECTIONS, catch_up, projection_status
+from usage_ledger.projections.rebuild import load_version, rebuild_projection, set_formula
 from usage_ledger.projections.reports import recompute_report, runs_report
 from usage_ledger.projections.tables import calls
 

@@ -37,7 +37,8 @@ from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.annotations import load_annotations
 from usage_ledger.projections.api import build_api_routers
-from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, live_version, rebuild_projection
+from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, live_version
+from usage_ledger.projections.rebuild import rebuild_projection
 from usage_ledger.projections.reports import runs_report, tickers_report
 from usage_ledger.projections.text import projection_tags, projection_text
 

@@ -22,18 +22,12 @@ from usage_ledger.projections._cli_options import filters_from_args, page_line, 
 from usage_ledger.projections._output import print_rows
 from usage_ledger.projections._progress import advance, progress, stage
 from usage_ledger.projections.callviews import get_call
-from usage_ledger.projections.engine import (
-    PROJECTIONS,
-    catch_up_all,
-    follow_projections,
-    projection_status,
-    rebuild_projection,
-    set_formula,
-)
+from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, follow_projections, projection_status
 from usage_ledger.projections.eras import eras_report
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.export import export_calls, show_call, show_run
 from usage_ledger.projections.importer import import_file
+from usage_ledger.projections.rebuild import rebuild_projection, set_formula
 from usage_ledger.projections.reports import (
     daily_report,
     parse_zone,
