@@ -149,7 +149,7 @@ def _bulk_batch(
     return batch
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=_events, splits=st.lists(st.integers(1, 40), max_size=4), page=st.integers(1, 7))
 async def test_rebuild_digest_equals_incremental(
     database: Database, spec: list[tuple[str, int, float, int]], splits: list[int], page: int
@@ -177,7 +177,7 @@ async def test_rebuild_digest_equals_incremental(
             assert await projection.digest(conn, version) == await projection.digest(conn, version + 1), name
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plain=_plain_calls, extras=_extras, splits=st.lists(st.integers(1, 60), max_size=3), page=st.integers(1, 9))
 async def test_bulk_load_digest_equals_incremental(
     database: Database,

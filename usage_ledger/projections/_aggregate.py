@@ -15,7 +15,7 @@ from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.calls import FAILED_STATUSES
+from usage_ledger.projections.call_rules import FAILED_STATUSES
 from usage_ledger.projections.formulas import RunStats
 from usage_ledger.projections.tables import calls
 

@@ -14,6 +14,14 @@ no payload holding a `\\u0000` escape.
 
 from __future__ import annotations
 
+from usage_ledger.projections.call_rules import (
+    DECODE_TPS_SQL,
+    PREFILL_TPS_SQL,
+    STATUS_SQL,
+    TOKENS_SQL,
+    USAGE_SOURCE_SQL,
+)
+
 __all__ = ("PG_STATEMENTS",)
 
 
@@ -83,23 +91,21 @@ FROM (
 """
 
 # One row per start (two if it has two ends); only `plain` rows are copied.
-_ROWS = """
+_ROWS = f"""
 CREATE TEMP TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL::text AS source, status, http_status, failure_reason,
        usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
        output_tokens, cached_tokens,
-       CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END AS prefill_tps,
-       CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END AS decode_tps,
+       {PREFILL_TPS_SQL} AS prefill_tps,
+       {DECODE_TPS_SQL} AS decode_tps,
        request_blob, response_blob, 0 AS retags, last_position, plain
 FROM (
   SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
          e.first_token_at, e.last_token_at, e.ended_at,
-         CASE WHEN e.pos IS NULL THEN 'incomplete'
-              WHEN e.finished AND e.http_status >= 200 AND e.http_status < 400 THEN 'ok'
-              WHEN e.finished THEN 'error' ELSE 'failed' END AS status,
+         {STATUS_SQL} AS status,
          e.http_status, e.reason AS failure_reason,
-         CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END AS usage_source,
-         COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens, e.cached AS cached_tokens,
+         {USAGE_SOURCE_SQL} AS usage_source,
+         {TOKENS_SQL}, e.cached AS cached_tokens,
          EXTRACT(EPOCH FROM (e.ended_at - s.started_at))::float8 AS elapsed_s,
          EXTRACT(EPOCH FROM (e.first_token_at - s.started_at))::float8 AS ttft_s,
          EXTRACT(EPOCH FROM (e.last_token_at - e.first_token_at))::float8 AS decode_s,

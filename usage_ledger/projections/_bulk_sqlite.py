@@ -26,6 +26,14 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 
 from __future__ import annotations
 
+from usage_ledger.projections.call_rules import (
+    DECODE_TPS_SQL,
+    PREFILL_TPS_SQL,
+    STATUS_SQL,
+    TOKENS_SQL,
+    USAGE_SOURCE_SQL,
+)
+
 __all__ = (
     "ENDS_INDEX",
     "ENDS_SELECT",
@@ -121,30 +129,28 @@ FROM (
 
 # One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{op}`: the
 # half of the starts, by call id against `:split` (`rows_statement`); the other half goes to a file of its own.
-_ROWS = """
+_ROWS = f"""
 CREATE TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
        usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
        output_tokens, cached_tokens,
-       CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END AS prefill_tps,
-       CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END AS decode_tps,
+       {PREFILL_TPS_SQL} AS prefill_tps,
+       {DECODE_TPS_SQL} AS decode_tps,
        request_blob, response_blob, 0 AS retags, last_position, plain
 FROM (
   SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
          e.first_token_at, e.last_token_at, e.ended_at,
-         CASE WHEN e.pos IS NULL THEN 'incomplete'
-              WHEN e.finished AND e.http_status >= 200 AND e.http_status < 400 THEN 'ok'
-              WHEN e.finished THEN 'error' ELSE 'failed' END AS status,
+         {STATUS_SQL} AS status,
          e.http_status, e.reason AS failure_reason,
-         CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END AS usage_source,
-         COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens, e.cached AS cached_tokens,
+         {USAGE_SOURCE_SQL} AS usage_source,
+         {TOKENS_SQL}, e.cached AS cached_tokens,
          (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
          (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
          s.tags IS NOT NULL AND s.started_at IS NOT NULL
          AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))
          AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  WHERE s.cid IS NOT NULL AND s.started AND s.cid {op} :split
+  WHERE s.cid IS NOT NULL AND s.started AND s.cid {{op}} :split
   ORDER BY s.cid
   LIMIT -1
 )

@@ -33,10 +33,11 @@ from usage_ledger.projections._bulk import drop_work_tables, insert_plain_calls,
 from usage_ledger.projections._digest_lines import encode_page
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted, decode_slim
 from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
+from usage_ledger.projections.call_rules import decode_tps, ended_at, finished_status, prefill_tps
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
-__all__ = ("CALL_COLUMNS", "CallsProjection", "call_status_failed", "decode_rate_note", "fold_call", "rows_digest")
+__all__ = ("CALL_COLUMNS", "CallsProjection", "fold_call", "rows_digest")
 
 Row = dict[str, Any]
 CALL_COLUMNS: tuple[str, ...] = tuple(c.name for c in calls.columns)
@@ -46,7 +47,6 @@ _tags_encoder = msgspec.json.Encoder(order="sorted")
 _tags_decoder = msgspec.json.Decoder(dict[str, str])
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
-FAILED_STATUSES = ("error", "failed")
 _SECURE_DELETE = ("OFF", "ON", "FAST")  # PRAGMA secure_delete's values, by what it reads back
 _SQLITE_UPSERT = (
     f"INSERT INTO {calls.name} ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))}) "
@@ -84,10 +84,6 @@ def _sqlite_params(rows: list[Row]) -> list[tuple[Any, ...]]:
     return [tuple(sqlite_bind(row[name]) for name in CALL_COLUMNS) for row in rows]
 
 
-def call_status_failed(status: str) -> bool:
-    return status in FAILED_STATUSES
-
-
 def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     if later is None or earlier is None:
         return None
@@ -100,27 +96,9 @@ def _derive(row: Row) -> Row:
     first, last = row["first_token_at"], row["last_token_at"]
     if row["origin"] == "gateway":
         row["ttft_s"] = _seconds(first, started)
-    ttft = row["ttft_s"]
-    row["prefill_tps"] = row["input_tokens"] / ttft if ttft and ttft > 0 and row["input_tokens"] else None
-    decode_s = _seconds(last, first)
-    out = row["output_tokens"]
-    row["decode_tps"] = (out - 1) / decode_s if decode_s and decode_s > 0 and out > 1 else None
+    row["prefill_tps"] = prefill_tps(row["input_tokens"], row["ttft_s"])
+    row["decode_tps"] = decode_tps(row["output_tokens"], _seconds(last, first))
     return row
-
-
-def decode_rate_note(
-    decode_tps: float | None, output_tokens: int, first: datetime | None, last: datetime | None
-) -> str | None:
-    """Why a call has no decode rate (`_derive`'s rule, in words); None when it has one."""
-    if decode_tps is not None:
-        return None
-    if output_tokens <= 1:
-        return "at most one output token: no decode interval"
-    if first is None or last is None:
-        return "no token timings (not a stream, or no token arrived)"
-    if last <= first:
-        return "every token arrived in one read: no decode interval to divide by"
-    return None  # pragma: no cover - _derive gives a rate in every other case
 
 
 def _blank(version: int, call_id: str, started_at: datetime) -> Row:
@@ -157,7 +135,7 @@ def _blank(version: int, call_id: str, started_at: datetime) -> Row:
 
 def _finish(row: Row, ev: SFinished | SFailed) -> None:
     t = ev.timings
-    row["ended_at"] = t.finished or t.last_token or t.upstream_headers or t.received
+    row["ended_at"] = ended_at(t.finished, t.last_token, t.upstream_headers, t.received)
     row["first_token_at"] = t.first_token
     row["last_token_at"] = t.last_token
     row["response_blob"] = ev.response_blob
@@ -168,7 +146,7 @@ def _finish(row: Row, ev: SFinished | SFailed) -> None:
         row["cached_tokens"] = ev.usage.cached_tokens
     if isinstance(ev, SFinished):
         row["http_status"] = ev.status
-        row["status"] = "ok" if 200 <= ev.status < 400 else "error"
+        row["status"] = finished_status(ev.status)
         row["failure_reason"] = None
     else:
         row["http_status"] = ev.client_status

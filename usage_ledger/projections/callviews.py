@@ -20,7 +20,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from usage_ledger.ledger.db import Database
 from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.calls import decode_rate_note
+from usage_ledger.projections.call_rules import decode_rate_note
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.projections.filters import NO_FILTER, CallFilter, filter_clauses
 from usage_ledger.projections.reports import live_versions

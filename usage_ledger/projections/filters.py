@@ -16,14 +16,13 @@ from zoneinfo import ZoneInfo
 import msgspec
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.calls import FAILED_STATUSES
+from usage_ledger.projections.call_rules import CALL_STATUSES
 from usage_ledger.projections.errors import ProjectionError
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_text
 
 __all__ = ("CALL_STATUSES", "NO_FILTER", "CallFilter", "InvalidFilter", "filter_clauses", "parse_filter", "parse_time")
 
-CALL_STATUSES: tuple[str, ...] = ("ok", *FAILED_STATUSES, "incomplete")
 """Every status the calls projection writes (`ok`, `error` = an upstream error status, `failed`, `incomplete`)."""
 
 

@@ -1,0 +1,89 @@
+"""The calls read model's rules, each written once for both of its builders, side by side.
+
+`calls.fold_call` applies them in Python (the follower, and the calls a rebuild cannot load in
+bulk); the bulk rebuild runs them as SQL on both backends (`_bulk_sqlite`, `_bulk_pg` splice in the
+fragments below). A rule changed here changes for every builder; the digest property tests
+(tests/projections/test_rebuild.py) hold the Python and the SQL to the same rows.
+
+The SQL fragments read the work tables' names: `e` is the call's end (NULL `e.pos` when it has
+none), `ttft_s`, `decode_s`, `input_tokens`, `output_tokens` the values computed beside them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+__all__ = (
+    "CALL_STATUSES",
+    "DECODE_TPS_SQL",
+    "FAILED_STATUSES",
+    "OK_STATUS_SQL",
+    "PREFILL_TPS_SQL",
+    "STATUS_SQL",
+    "TOKENS_SQL",
+    "USAGE_SOURCE_SQL",
+    "decode_rate_note",
+    "decode_tps",
+    "ended_at",
+    "finished_status",
+    "prefill_tps",
+)
+
+FAILED_STATUSES = ("error", "failed")
+"""The statuses of calls that did not succeed (`incomplete`: no end recorded yet, or ever)."""
+CALL_STATUSES = ("ok", *FAILED_STATUSES, "incomplete")
+"""Every status a call row can have."""
+
+OK_STATUS_SQL = "e.http_status >= 200 AND e.http_status < 400"
+
+
+def finished_status(http_status: int) -> str:
+    """A call the upstream answered: `ok` for 2xx and 3xx (what a client takes for success), else `error`."""
+    return "ok" if 200 <= http_status < 400 else "error"
+
+
+STATUS_SQL = f"""CASE WHEN e.pos IS NULL THEN 'incomplete'
+              WHEN e.finished AND {OK_STATUS_SQL} THEN 'ok'
+              WHEN e.finished THEN 'error' ELSE 'failed' END"""
+"""`finished_status` for a call with an end; `failed` for `call.failed`, `incomplete` without an end."""
+
+USAGE_SOURCE_SQL = "CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END"
+TOKENS_SQL = "COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens"
+"""No usage: 0 tokens (never invented; `usage_source` says `absent`)."""
+
+
+def ended_at(
+    finished: datetime | None, last_token: datetime | None, headers: datetime | None, received: datetime
+) -> datetime:
+    """When a call ended: its final event's moment, else the last thing seen of it."""
+    return finished or last_token or headers or received
+
+
+def prefill_tps(input_tokens: int, ttft_s: float | None) -> float | None:
+    return input_tokens / ttft_s if ttft_s and ttft_s > 0 and input_tokens else None
+
+
+PREFILL_TPS_SQL = "CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END"
+
+
+def decode_tps(output_tokens: int, decode_s: float | None) -> float | None:
+    """Tokens after the first over the time from the first to the last token (one token: no interval)."""
+    return (output_tokens - 1) / decode_s if decode_s and decode_s > 0 and output_tokens > 1 else None
+
+
+DECODE_TPS_SQL = "CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END"
+
+
+def decode_rate_note(
+    decode_tps: float | None, output_tokens: int, first: datetime | None, last: datetime | None
+) -> str | None:
+    """Why a call has no decode rate (`decode_tps`'s rule, in words); None when it has one."""
+    if decode_tps is not None:
+        return None
+    if output_tokens <= 1:
+        return "at most one output token: no decode interval"
+    if first is None or last is None:
+        return "no token timings (not a stream, or no token arrived)"
+    if last <= first:
+        return "every token arrived in one read: no decode interval to divide by"
+    return None  # pragma: no cover - decode_tps gives a rate in every other case
