@@ -380,7 +380,7 @@ async def test_dropping_a_version_leaves_the_connection_as_it_was(database: Data
     await catch_up(database, "calls")
     async with database.engine.begin() as conn:
         before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
-        await PROJECTIONS["calls"].drop(conn, 1)
+        await PROJECTIONS["calls"].table.drop(conn, 1)
         assert (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one() == before
         assert (await conn.execute(select(calls.c.call_id).where(calls.c.version == 1))).first() is None
 

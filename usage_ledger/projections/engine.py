@@ -1,6 +1,6 @@
 """Running projections: checkpointed catch-up, the follower, status (rebuilds: `projections.rebuild`).
 
-    events ──page──► projection.fold(conn, version, page) ──► rows ──► projection.write(conn, rows)
+    events ──page──► projection.fold(conn, version, page) ──► rows ──► projection.table.write(rows)
                      (decoding, reading the rows it continues)         + checkpoint(name, version),
                                                                          one writer transaction
 
@@ -14,7 +14,7 @@ import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 import structlog
@@ -33,11 +33,14 @@ from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.errors import UnknownProjection
 from usage_ledger.projections.formulas import DEFAULT_FORMULA
+from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import versions
 
 __all__ = (
     "PROJECTIONS",
+    "BulkLoad",
     "Moved",
+    "Page",
     "Progress",
     "Projection",
     "ProjectionStatus",
@@ -58,21 +61,37 @@ Stage = Callable[[str], None]
 """Told what a rebuild is doing now, in a few words (`ledger rebuild` shows it beside the bar)."""
 
 
+Page = Sequence[tuple[int, str, str]]
+"""Events as read for projections: (position, type, payload), in position order."""
+
+
 class Projection(Protocol):
+    """A read model: the event types it reads, its table, its fold, its digest."""
+
     name: str
     handles: frozenset[str]
+    table: RowTable
 
-    async def fold(
-        self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]
-    ) -> list[dict[str, Any]]: ...
-    async def write(self, conn: AsyncConnection, rows: list[dict[str, Any]]) -> None: ...
-    def sqlite_write(self, rows: list[dict[str, Any]]) -> SqliteWrite: ...
-    async def prepare(
-        self, conn: AsyncConnection, head: int, workdir: Path, progress: Progress | None = None
-    ) -> None: ...
-    async def load(self, conn: AsyncConnection, version: int, head: int) -> None: ...
-    async def digest(self, conn: AsyncConnection, version: int) -> str: ...
-    async def drop(self, conn: AsyncConnection, version: int) -> None: ...
+    async def fold(self, conn: AsyncConnection, version: int, page: Page) -> Sequence[msgspec.Struct]:
+        """The rows `page` changes, whole, folded onto their stored state (reads, never writes)."""
+        ...
+
+    async def digest(self, conn: AsyncConnection, version: int) -> str:
+        """SHA-256 over every row of `version` in key order: equal for equal events, however built."""
+        ...
+
+
+@runtime_checkable
+class BulkLoad(Protocol):
+    """A projection that fills a new version faster than its fold would (`projections.rebuild`)."""
+
+    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path, progress: Progress | None) -> None:
+        """Read what the load needs, outside any transaction (no write lock)."""
+        ...
+
+    async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
+        """Write every row of `version` up to `head`, inside the caller's writer transaction."""
+        ...
 
 
 PROJECTIONS: dict[str, Projection] = {p.name: p for p in (CallsProjection(), AnnotationsProjection())}
@@ -214,11 +233,12 @@ async def _apply_page(
     # transaction.
     async with database.engine.connect() as conn:
         rows = await projection.fold(conn, version, page)
+    table = projection.table
     if database.sqlite_appender is not None:
         # The whole write in one call on the appender's thread, rows converted before the lock is
         # taken: through aiosqlite its four statements held the lock 3-6 ms, and strict-mode appends
         # waited that out (the gateway's p99). Not synced: see `transaction(durable=False)`.
-        write = projection.sqlite_write(rows)
+        write = table.sqlite_write(rows)
         last = page[-1][0]
         await database.sqlite_appender.transaction(
             lambda sqlite_conn: _write_sqlite(sqlite_conn, projection.name, version, expected, write, last),
@@ -230,7 +250,7 @@ async def _apply_page(
         async with conn.begin():
             if await read_checkpoint(conn, projection.name, version, lock=True) != expected:
                 raise Moved
-            await projection.write(conn, rows)
+            await table.write(conn, rows)
             await write_checkpoint(conn, projection.name, version, page[-1][0])
     finally:
         await conn.close()

@@ -14,16 +14,19 @@ from pathlib import Path
 
 import structlog
 from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.append import append_events, translate_db_error
 from usage_ledger.ledger.db import WRITER_OPTION, Database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.events import ProjectionPromoted, new_event, utc_now
 from usage_ledger.ledger.read import head_position
-from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.ledger.schema import checkpoints, events
 from usage_ledger.projections.engine import (
+    BulkLoad,
     Moved,
     Progress,
+    Projection,
     Stage,
     catch_up,
     ensure_pointer,
@@ -44,6 +47,7 @@ _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 # stays flat however long the ledger; the work file it attaches is read once, in order, through
 # SQLite's default small cache). Connection-local: the ledger's durability settings are untouched.
 _SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
+_TYPE_PAGE = 5000
 
 
 async def load_version(
@@ -56,12 +60,14 @@ async def load_version(
 ) -> None:
     """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
 
-    The projection first reads what it needs (`prepare`, outside any transaction, no write lock;
-    work files in a scratch directory that lives until the load ends), then writes every row and
-    the checkpoint in one writer transaction. Raises `Moved` if the version is not empty. On SQLite
-    the connection is discarded afterwards, with what it attached and its pragmas.
+    A `BulkLoad` projection first reads what it needs (`prepare`, outside any transaction, no write
+    lock; work files in a scratch directory that lives until the load ends), then writes every row
+    and the checkpoint in one writer transaction; any other folds the events of its types, read
+    through the type index (`_load_by_type`), in that transaction. Raises `Moved` if the version is
+    not empty. On SQLite the connection is discarded afterwards, with what it attached and its pragmas.
     """
     projection = projection_named(name)
+    bulk = projection if isinstance(projection, BulkLoad) else None
     with tempfile.TemporaryDirectory(prefix="ledger-rebuild-") as workdir:
         conn = await database.engine.connect()
         sqlite_ = conn.dialect.name == "sqlite"
@@ -70,19 +76,40 @@ async def load_version(
                 for pragma in _SQLITE_LOAD_PRAGMAS:
                     await conn.exec_driver_sql(pragma)
                 await conn.commit()
-            await projection.prepare(conn, head, Path(workdir), progress)
+            if bulk is not None:
+                await bulk.prepare(conn, head, Path(workdir), progress)
             if stage is not None:
                 stage(f"writing version {version}")
             await conn.execution_options(**{WRITER_OPTION: True})
             async with conn.begin():
                 if await read_checkpoint(conn, name, version, lock=True) != 0:
                     raise Moved
-                await projection.load(conn, version, head)
+                if bulk is not None:
+                    await bulk.load(conn, version, head)
+                else:
+                    await _load_by_type(conn, projection, version, head)
                 await write_checkpoint(conn, name, version, head)
         finally:
             if sqlite_:
                 await conn.invalidate()
             await conn.close()
+
+
+async def _load_by_type(conn: AsyncConnection, projection: Projection, version: int, head: int) -> None:
+    """Every event of the projection's types up to `head`, folded and written a page at a time."""
+    after = 0
+    while True:
+        result = await conn.execute(
+            select(events.c.position, events.c.type, events.c.payload)
+            .where(events.c.type.in_(sorted(projection.handles)), events.c.position > after, events.c.position <= head)
+            .order_by(events.c.position)
+            .limit(_TYPE_PAGE)
+        )
+        page = [(r[0], r[1], r[2]) for r in result]
+        if not page:
+            return
+        await projection.table.write(conn, await projection.fold(conn, version, page))
+        after = page[-1][0]
 
 
 async def rebuild_projection(
@@ -117,7 +144,7 @@ async def rebuild_projection(
         ).scalar_one_or_none()
         current_formula = (await live_version(conn, name))[1]
         new_version = max(live, int(known or 0)) + 1
-        await projection.drop(conn, new_version)
+        await projection.table.drop(conn, new_version)
         await write_checkpoint(conn, name, new_version, 0)
         head = await head_position(conn)
     say("reading events")
@@ -146,7 +173,7 @@ async def rebuild_projection(
             ).scalars()
             for old in list(stale):
                 say(f"removing version {old}")
-                await projection.drop(conn, old)
+                await projection.table.drop(conn, old)
                 await conn.execute(
                     checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == old)
                 )

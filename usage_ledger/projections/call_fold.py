@@ -1,0 +1,160 @@
+"""The calls read model's row and its fold: a pure function of the call's events in position order.
+
+- `call.started` / `call.imported` begin a fresh row (whatever came before for that id);
+- `call.finished` / `call.failed` complete it (or create it from `timings.received` if the start
+  never arrived);
+- `call.retagged` changes run and tags of an existing row (history is never touched).
+
+The rules each value follows are `call_rules`' (shared with the bulk rebuild's SQL). Client text
+goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from usage_ledger.ledger.events import CallImported, CallRetagged
+from usage_ledger.projections._slim import SFailed, SFinished, SStarted
+from usage_ledger.projections.call_rules import decode_tps, ended_at, finished_status, prefill_tps
+from usage_ledger.projections.tables import calls
+from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
+
+__all__ = ("FRESH", "CallRow", "fold_call")
+
+FRESH = frozenset({"call.started", "call.imported"})
+"""Event types that begin a call's row afresh (no stored row needs loading)."""
+
+_tags_encoder = msgspec.json.Encoder(order="sorted")
+_tags_decoder = msgspec.json.Decoder(dict[str, str])
+
+
+class CallRow(msgspec.Struct, kw_only=True, gc=False):
+    """One row of `projection_calls`: the fields are its columns, in order (`RowTable` writes them so)."""
+
+    version: int
+    call_id: str
+    run: str | None = None
+    ticker: str | None = None
+    tags: str = "{}"
+    """The call's tags as sorted JSON."""
+    model: str | None = None
+    origin: str = "gateway"
+    source: str | None = None
+    status: str = "incomplete"
+    http_status: int | None = None
+    failure_reason: str | None = None
+    usage_source: str = "absent"
+    started_at: datetime
+    first_token_at: datetime | None = None
+    last_token_at: datetime | None = None
+    ended_at: datetime | None = None
+    elapsed_s: float | None = None
+    ttft_s: float | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int | None = None
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    request_blob: str | None = None
+    response_blob: str | None = None
+    retags: int = 0
+    last_position: int = 0
+
+
+assert CallRow.__struct_fields__ == tuple(c.name for c in calls.columns), "CallRow's fields are the table's columns"
+
+
+def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
+    if later is None or earlier is None:
+        return None
+    return (later - earlier).total_seconds()
+
+
+def _derive(row: CallRow) -> CallRow:
+    row.elapsed_s = _seconds(row.ended_at, row.started_at)
+    if row.origin == "gateway":
+        row.ttft_s = _seconds(row.first_token_at, row.started_at)
+    row.prefill_tps = prefill_tps(row.input_tokens, row.ttft_s)
+    row.decode_tps = decode_tps(row.output_tokens, _seconds(row.last_token_at, row.first_token_at))
+    return row
+
+
+def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
+    t = ev.timings
+    row.ended_at = ended_at(t.finished, t.last_token, t.upstream_headers, t.received)
+    row.first_token_at = t.first_token
+    row.last_token_at = t.last_token
+    row.response_blob = ev.response_blob
+    row.usage_source = ev.usage_source
+    if ev.usage is not None:
+        row.input_tokens = ev.usage.prompt_tokens
+        row.output_tokens = ev.usage.completion_tokens
+        row.cached_tokens = ev.usage.cached_tokens
+    if isinstance(ev, SFinished):
+        row.http_status = ev.status
+        row.status = finished_status(ev.status)
+        row.failure_reason = None
+    else:
+        row.http_status = ev.client_status
+        row.status = "failed"
+        row.failure_reason = ev.reason
+
+
+def _tagged(row: CallRow, tags: dict[str, str]) -> None:
+    row.tags = _tags_encoder.encode(tags).decode()
+    row.ticker = tags.get("ticker")
+
+
+def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> CallRow | None:
+    """Apply one slim call event to a call's row (None = no row yet); returns the new row."""
+    if isinstance(ev, SStarted):
+        row = CallRow(
+            version=version,
+            call_id=ev.call_id,
+            started_at=ev.received_at,
+            run=projection_text_or_none(ev.run),
+            model=projection_text_or_none(ev.model),
+            request_blob=ev.request_blob,
+        )
+        _tagged(row, projection_tags(ev.tags))
+    elif isinstance(ev, CallImported):
+        row = CallRow(
+            version=version,
+            call_id=ev.call_id,
+            started_at=ev.started_at,
+            run=projection_text_or_none(ev.run),
+            model=projection_text_or_none(ev.model),
+            origin="import",
+            source=projection_text(f"{ev.source}:{ev.line}"),
+            status=ev.status,
+            usage_source="imported",
+            ended_at=ev.finished_at,
+            ttft_s=ev.ttft_s,
+            input_tokens=ev.input_tokens,
+            output_tokens=ev.output_tokens,
+        )
+        _tagged(row, projection_tags(ev.tags))
+        if ev.ttft_s is not None:
+            row.first_token_at = ev.started_at + timedelta(seconds=ev.ttft_s)
+    elif isinstance(ev, SFinished | SFailed):
+        if row is None:
+            row = CallRow(version=version, call_id=ev.call_id, started_at=ev.timings.received)
+        _finish(row, ev)
+    elif isinstance(ev, CallRetagged):
+        if row is None:
+            return None
+        if ev.run is not None:
+            row.run = projection_text(ev.run)
+        tags = _tags_decoder.decode(row.tags)
+        tags.update(projection_tags(ev.tags))
+        for name in map(projection_text, ev.removed_tags):
+            tags.pop(name, None)
+        _tagged(row, tags)
+        row.retags += 1
+    else:  # pragma: no cover - filtered by the caller
+        return row
+    row.last_position = position
+    return _derive(row)
