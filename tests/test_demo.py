@@ -73,6 +73,9 @@ def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
         assert row.output_tokens > 0 and row.throughput_tps is not None and row.throughput_tps > 0
         assert row.server is not None and row.server.reconciled is True, row.server  # the emulator's counters agree
     assert len(tickers) == 8
+    eras = result.stdout[result.stdout.index("Eras by model") :]
+    for run in by_profile.values():  # one era per model, its aggregate throughput as the runs table has it
+        assert run.model is not None and run.model in eras and f"{run.throughput_tps:,.0f}" in eras
     for run in by_profile.values():  # the runs table names each run in full, on the line of its throughput
         assert run.throughput_tps is not None
         assert any(run.run in line and f"{run.throughput_tps:,.0f}" in line for line in result.stdout.splitlines())

@@ -14,6 +14,7 @@ import contextlib
 import tempfile
 import time
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import httpx
 import msgspec
@@ -26,6 +27,7 @@ from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.processes import free_port, start_child
 from usage_ledger.projections.engine import catch_up_all
+from usage_ledger.projections.eras import EraRow, eras_report
 from usage_ledger.projections.reports import daily_report, runs_report, tickers_report
 from usage_ledger.projections.rows import DailyRow, RunRow, TickerRow
 from usage_ledger.workload import TICKERS, WorkloadResult, run_workload
@@ -116,7 +118,8 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
         console.print(f"[red]ledger verify: BROKEN at {report.first_bad_position}: {report.problem}[/]")
     console.print(f"\nThe ledger is in [bold]{options.db_path}[/]. Explore it:")
     console.print(
-        f"  ledger report runs --db {url} --formula per_call_mean\n  ledger show run {runs[0].run} --db {url}"
+        f"  ledger report runs --db {url} --formula per_call_mean\n  ledger show run {runs[0].run} --db {url}\n"
+        f"  ledger compare {' '.join(r.run for r in runs)} --db {url}\n  ledger ui --db {url}"
     )
     return 0 if report.ok else 1
 
@@ -237,6 +240,8 @@ class _Reports(msgspec.Struct, frozen=True):
     tickers: list[TickerRow]
     daily: list[DailyRow]
     daily_utc: list[DailyRow]
+    eras: list[EraRow]
+    eras_per_call: list[EraRow]
 
 
 async def _reports(database: Database, tz: str) -> _Reports:
@@ -246,6 +251,8 @@ async def _reports(database: Database, tz: str) -> _Reports:
         await tickers_report(database),
         await daily_report(database, tz=tz),
         await daily_report(database, tz="UTC"),
+        await eras_report(database, by="model", formula="batch_aggregate", zone=ZoneInfo(tz)),
+        await eras_report(database, by="model", formula="per_call_mean", zone=ZoneInfo(tz)),
     )
 
 
@@ -321,6 +328,21 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
                 _tokens(day.output_tokens),
             )
         console.print(daily)
+    eras = Table(title="Eras by model (ledger report eras --by model; real time, not scaled)")
+    for column in ("model", "runs", "days", "aggregate tok/s", "per-call tok/s", "mean wall"):
+        eras.add_column(column, justify="left" if column == "model" else "right")
+    per_call_eras = {row.group: row for row in reports.eras_per_call}
+    for era in reports.eras:
+        other = per_call_eras.get(era.group)
+        eras.add_row(
+            era.group or "—",
+            str(era.runs),
+            str(era.days),
+            _num(era.mean_throughput_tps, 0),
+            _num(other.mean_throughput_tps if other else None, 1),
+            _duration(era.mean_wall_s) if era.mean_wall_s is not None else "—",
+        )
+    console.print(eras)
 
 
 def _scaled(tps: float | None, speed: float) -> float | None:
