@@ -3,7 +3,8 @@
     .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep] [--gaps N]
 
 Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
-unless the database already holds them (--keep reuses it), then times:
+unless the database already holds them (--keep reuses it); with `--gaps N` each call.finished names
+a blob of N chunk gaps (`chunk_gaps_blob`), appended with it as the gateway does. Then times:
 
 - scan (iter_events): every event through the ledger's reader (what any consumer must pay);
 - scan (raw columns): SELECT position, type, payload over the whole table;
@@ -30,8 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import select
 
 from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, PreparedBlob
+from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
 from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.events import CallFinished, CallStarted, Timings, Usage, new_event
+from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import events
@@ -40,8 +43,9 @@ from usage_ledger.projections.rebuild import rebuild_projection
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
 
-def _batch(first: int, count: int, gaps: int = 0) -> list:  # type: ignore[type-arg]
-    out = []
+def _batch(first: int, count: int, gaps: int, compressor: BlobCompressor) -> tuple[list[NewEvent], list[PreparedBlob]]:
+    out: list[NewEvent | tuple[int, NewEvent]] = []
+    blobs: list[PreparedBlob] = []
     for i in range(first, first + count):
         lane, slot = i % 14, i // 14
         t0 = T0 + timedelta(seconds=slot * 25.0 + lane * 0.01)
@@ -66,23 +70,30 @@ def _batch(first: int, count: int, gaps: int = 0) -> list:  # type: ignore[type-
             finished=t1,
         )
         usage = Usage(prompt_tokens=10_800 + i % 97, completion_tokens=1_470 + i % 31, total_tokens=12_270)
-        # a streamed call's inter-chunk gaps as the gateway records them (µs, around 15 ms each)
-        chunk_gaps = [15_000 + (i * 7 + k * 13) % 900 for k in range(gaps)]
+        # a streamed call's inter-chunk gaps as the gateway records them (µs, around 15 ms each), the
+        # first one distinct per call so that every call has a blob of its own, as recorded ones do
+        gaps_blob: str | None = None
+        if gaps:
+            chunk_gaps = [10_000 + i, *(15_000 + (i * 7 + k * 13) % 900 for k in range(1, gaps))]
+            prepared = compressor.prepare(encode_chunk_gaps(chunk_gaps))
+            assert prepared is not None
+            blobs.append(prepared)
+            gaps_blob = prepared.hash
         finish = CallFinished(
-            call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings, chunk_gaps_us=chunk_gaps
+            call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings, chunk_gaps_blob=gaps_blob
         )
         out.append(new_event(start, stream=f"call-{cid}", occurred_at=t0))
         out.append((i, new_event(finish, stream=f"call-{cid}", occurred_at=t1)))
     # finishes land 14 calls later, like overlapping calls do
     starts = [e for e in out if not isinstance(e, tuple)]
     finishes = [e[1] for e in out if isinstance(e, tuple)]
-    merged = []
+    merged: list[NewEvent] = []
     for k, s in enumerate(starts):
         merged.append(s)
         if k >= 14:
             merged.append(finishes[k - 14])
     merged.extend(finishes[max(0, len(starts) - 14) :])
-    return merged
+    return merged, blobs
 
 
 async def main() -> None:
@@ -91,7 +102,7 @@ async def main() -> None:
     parser.add_argument("--db", default="sqlite:///bench-rebuild.db")
     parser.add_argument("--keep", action="store_true", help="reuse an existing database of the same size")
     parser.add_argument(
-        "--gaps", type=int, default=0, help="inter-chunk gaps per call.finished (a 1,470-token stream: ~1470)"
+        "--gaps", type=int, default=0, help="chunk gaps in each call.finished's gap blob (a 1,470-chunk stream: 1469)"
     )
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
@@ -104,8 +115,10 @@ async def main() -> None:
     if head < 2 * args.calls:
         t = time.perf_counter()
         chunk = 10_000
+        compressor = BlobCompressor()
         for first in range(head // 2, args.calls, chunk):
-            await append_events(database, _batch(first, min(chunk, args.calls - first), args.gaps))
+            batch, blobs = _batch(first, min(chunk, args.calls - first), args.gaps, compressor)
+            await append_events(database, batch, blobs)
         print(f"generated {2 * args.calls:,} events in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     async with database.engine.connect() as conn:
         head = await head_position(conn)

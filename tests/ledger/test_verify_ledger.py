@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import msgspec
 import pytest
 import zstandard
 from sqlalchemy import text, update
@@ -14,8 +15,9 @@ from tests.ledger.test_tamper import DROP_TRIGGERS
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, PreparedBlob, blob_hash, redact_blob
 from usage_ledger.ledger.checkpoint import generate_key, sign_checkpoint
+from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import BlobRedacted, new_event, utc_now
+from usage_ledger.ledger.events import BlobRedacted, CallFailed, CallFinished, new_event, utc_now
 from usage_ledger.ledger.schema import blobs, events
 from usage_ledger.ledger.verify import verify_chain, verify_chain_on
 from usage_ledger.ledger.verify_blobs import BlobReferences, BlobReport, audit_blobs
@@ -146,6 +148,24 @@ async def test_a_redaction_recorded_for_a_body_never_stored_is_fine(database: Da
     assert not (await verify_ledger(database)).ok  # referenced, not stored ...
     await append_events(database, [new_event(BlobRedacted(blob_hash=lost, reason="lost"), stream="blob-x")])
     assert (await verify_ledger(database)).ok  # ... until `ledger redact --force` recorded why
+
+
+async def test_a_gap_blob_is_referenced_and_a_deleted_one_is_caught(database: Database) -> None:
+    """`chunk_gaps_blob` is a reference like the bodies: not reported as unreferenced, missed when deleted."""
+    gaps = BlobCompressor().prepare(encode_chunk_gaps([15_000 + k % 7 for k in range(500)]))
+    assert gaps is not None
+    started, finished = call_events(0)
+    assert isinstance(finished.body, CallFinished | CallFailed)
+    finished = msgspec.structs.replace(finished, body=msgspec.structs.replace(finished.body, chunk_gaps_blob=gaps.hash))
+    await append_events(database, [started, finished], [gaps])
+    report = await verify_ledger(database)
+    assert report.ok, report
+    assert report.blobs is not None and report.blobs.checked == 1 and report.blobs.referenced == 1
+    await _sql(database, "DELETE FROM ledger_blobs WHERE hash = :h", h=gaps.hash)
+    report = await verify_ledger(database)
+    assert report.blobs is not None and not report.ok
+    [problem] = report.blobs.problems
+    assert problem.hash == gaps.hash and problem.position == 2 and "not stored" in problem.problem
 
 
 async def test_blobs_are_merged_page_by_page(database: Database) -> None:

@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given
@@ -22,9 +23,13 @@ from hypothesis import strategies as st
 
 from tests.gateway import processes
 from tests.gateway.processes import LEDGER, Process
+from tests.projections.helpers import finished, started
 from tests.projections.seed import DENSE, MOE, seed_rows, write_jsonl
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob, redact_blob
+from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
 from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.events import CallFinished, CallStarted
+from usage_ledger.ledger.events import BlobRedacted, CallFinished, CallStarted, NewEvent, new_event
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.projections.compare import Comparison, compare_runs, render_comparison
 from usage_ledger.projections.compare_latency import Latency, Sample
@@ -103,7 +108,7 @@ async def _record(url: str) -> None:
 
 
 class Call:
-    def __init__(self, started: CallStarted, finished: CallFinished) -> None:
+    def __init__(self, started: CallStarted, finished: CallFinished, gaps: list[int]) -> None:
         self.run = started.run
         self.ticker = started.tags.get("ticker")
         self.start = started.received_at
@@ -114,10 +119,11 @@ class Call:
         self.last = timings.last_token
         self.input = finished.usage.prompt_tokens
         self.output = finished.usage.completion_tokens
-        self.gaps = finished.chunk_gaps_us
+        self.gaps = gaps
 
 
 async def _recorded(database: Database) -> dict[str, list[Call]]:
+    """Every call as recorded, with the gaps of the blob its `call.finished` names (none: no blob)."""
     started: dict[str, CallStarted] = {}
     runs: dict[str, list[Call]] = {}
     async for stored in iter_events(database):
@@ -125,7 +131,11 @@ async def _recorded(database: Database) -> dict[str, list[Call]]:
         if isinstance(body, CallStarted):
             started[body.call_id] = body
         elif isinstance(body, CallFinished):
-            call = Call(started[body.call_id], body)
+            gaps: list[int] = []
+            if body.chunk_gaps_blob is not None:
+                async with database.engine.connect() as conn:
+                    gaps = decode_chunk_gaps(await read_blob(conn, body.chunk_gaps_blob))
+            call = Call(started[body.call_id], body, gaps)
             assert call.run is not None
             runs.setdefault(call.run, []).append(call)
     return runs
@@ -228,6 +238,37 @@ async def test_runs_recorded_through_the_gateway(emulator: Process, backend_url:
     grid = [line for line in table.splitlines() if line.startswith(("┃", "│", "┏", "┡", "└"))]
     assert grid and max(len(line) for line in grid) <= 100
     assert "ITL p99" in table and "B÷A" in table and "C÷A" in table and "B differs from A: temperature" in table
+
+
+# -- gap blobs: shared, redacted, missing ---------------------------------------------------------------------------
+
+
+def _with_gaps(event: NewEvent, digest: str) -> NewEvent:
+    assert isinstance(event.body, CallFinished)
+    return msgspec.structs.replace(event, body=msgspec.structs.replace(event.body, chunk_gaps_blob=digest))
+
+
+async def test_itl_reads_the_gap_blobs_and_a_missing_or_redacted_one_counts_as_none(database: Database) -> None:
+    compressor = BlobCompressor()
+    shared, redacted, other = ([1_000, 2_000, 3_000], [500, 500], [4_000])
+    blobs = [compressor.prepare(encode_chunk_gaps(gaps)) for gaps in (shared, redacted, other)]
+    assert all(b is not None for b in blobs)
+    shared_hash, redacted_hash, other_hash = (b.hash for b in blobs if b is not None)
+    never_stored = blob_hash(encode_chunk_gaps([9_000_000]))
+    named = {"a1": shared_hash, "a2": redacted_hash, "a3": never_stored, "a4": shared_hash, "b1": other_hash}
+    events = []
+    for i, (call_id, digest) in enumerate(named.items()):
+        run = call_id[0]
+        events += [started(call_id, i, run=run), _with_gaps(finished(call_id, i, i + 5), digest)]
+    await append_events(database, events, [b for b in blobs if b is not None])
+    redaction = new_event(BlobRedacted(blob_hash=redacted_hash, reason="test"), stream=f"blob-{redacted_hash}")
+    await append_events(database, [redaction])
+    async with database.engine.begin() as conn:
+        assert await redact_blob(conn, redacted_hash)
+    a, b = (await compare_runs(database, ["a", "b"])).runs
+    assert (a.ok_calls, a.itl_calls) == (4, 2)  # a1 and a4 share one blob; a2's is redacted, a3's never stored
+    _check_latency(a.itl_ms, [g / 1000 for g in shared + shared])
+    assert (b.itl_calls, b.itl_ms and b.itl_ms.n) == (1, 1)
 
 
 # -- imported runs: no chunk times, the user's own numbers ---------------------------------------------------------

@@ -228,7 +228,9 @@ async def _delete_unreferenced_blobs(conn: AsyncConnection) -> None:
     referenced: set[str] = set()
     for (payload,) in await conn.execute(text("SELECT payload FROM ledger_events")):
         body = msgspec.json.decode(payload)
-        referenced |= {body[k] for k in ("request_blob", "response_blob", "blob_hash") if body.get(k)}
+        referenced |= {
+            body[k] for k in ("request_blob", "response_blob", "chunk_gaps_blob", "blob_hash") if body.get(k)
+        }
     for (digest,) in (await conn.execute(text("SELECT hash FROM ledger_blobs"))).all():
         if digest not in referenced:
             await conn.execute(blobs.delete().where(blobs.c.hash == digest))

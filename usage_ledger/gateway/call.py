@@ -164,12 +164,13 @@ class Call:
             self.metrics.passed_through += 1
             return timings
         digest, data, size = self._raw_body()
+        gaps_digest, gaps = self.seen.gaps_blob()
         self.metrics.response_bytes += size
         self.metrics.calls[self.status or 0] += 1
         event: CallFinished | CallFailed
         seen = self.seen
         if seen.stream_error:
-            event = self._failure("stream", "upstream_error_in_stream", "", digest, timings)
+            event = self._failure("stream", "upstream_error_in_stream", "", digest, timings, gaps_digest)
             self.metrics.failures["upstream_error_in_stream"] += 1
         else:
             usage, source, detail = self._usage_and_source(complete=True)
@@ -186,12 +187,12 @@ class Call:
                 usage_detail=detail,
                 finish_reasons=seen.reasons,
                 chunk_count=seen.chunk_count,
-                chunk_gaps_us=seen.chunk_gaps_us,
+                chunk_gaps_blob=gaps_digest,
                 timings=timings,
                 request_metrics=seen.request_metrics,
             )
             self._count_usage(usage, source, detail)
-        await self.recorder.finish(event, data)
+        await self.recorder.finish(event, data, gaps)
         return timings
 
     def _count_usage(self, usage: Usage | None, source: UsageSource, detail: str) -> None:
@@ -207,12 +208,15 @@ class Call:
         self.metrics.failures[reason] += 1
         if self.recorded:
             digest, data, _ = self._raw_body()
-            event = self._failure(phase, reason, detail, digest, timings)
+            gaps_digest, gaps = self.seen.gaps_blob()
+            event = self._failure(phase, reason, detail, digest, timings, gaps_digest)
             with contextlib.suppress(NotRecorded):  # a failure's response says it failed either way
-                await self.recorder.finish(event, data, wait=wait)
+                await self.recorder.finish(event, data, gaps, wait=wait)
         self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
 
-    def _failure(self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings) -> CallFailed:
+    def _failure(
+        self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings, gaps_digest: str | None
+    ) -> CallFailed:
         usage, source, usage_detail = self._usage_and_source(complete=False)
         self._count_usage(usage, source, usage_detail)
         return CallFailed(
@@ -228,7 +232,7 @@ class Call:
             usage_source=source,
             usage_detail=usage_detail,
             chunk_count=self.seen.chunk_count,
-            chunk_gaps_us=self.seen.chunk_gaps_us,
+            chunk_gaps_blob=gaps_digest,
             timings=timings,
         )
 

@@ -17,13 +17,15 @@ from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.relay import SseRelay, cut_event
 from usage_ledger.gateway.sse import SseEvent
 from usage_ledger.gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
+from usage_ledger.ledger.blobs import blob_hash
+from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
 from usage_ledger.ledger.events import Usage, UsageSource
 
 __all__ = ("MAX_CHUNK_GAPS", "Observed")
 
 _DONE = b"[DONE]"
 MAX_CHUNK_GAPS = 65_536
-"""The most inter-chunk gaps a call records (`CallFinished.chunk_gaps_us`): about 400 KB of event at worst."""
+"""The most inter-chunk gaps a call records (`CallFinished.chunk_gaps_blob`): at worst a blob of ≈ 400 KB (160 stored)."""
 
 
 class Observed:
@@ -41,7 +43,7 @@ class Observed:
         self.last_token_us = 0
         """`last_token` in integer microseconds (0: no content chunk yet), what the next gap is taken from."""
         self.chunk_gaps_us: list[int] = []
-        """Microseconds between successive content chunks' arrivals (`CallFinished.chunk_gaps_us`)."""
+        """Microseconds between successive content chunks' arrivals (the blob `CallFinished.chunk_gaps_blob` names)."""
         self.usage: Usage | None = None
         self.usage_final = False
         """The usage is the call's total (a body's, the usage-only chunk's, `response.completed`'s)."""
@@ -71,6 +73,14 @@ class Observed:
             counted = Usage(prompt_tokens=0, completion_tokens=self.deltas, total_tokens=self.deltas)
             return counted, "counted", "the stream ended early without usage: content deltas counted"
         return None, "absent", ""
+
+    def gaps_blob(self) -> tuple[str | None, bytes | None]:
+        """The chunk gaps as a blob: its hash and bytes, stored with the final event; (None, None) when
+        there are none (fewer than two content chunks)."""
+        if not self.chunk_gaps_us:
+            return None, None
+        data = encode_chunk_gaps(self.chunk_gaps_us)
+        return blob_hash(data), data
 
     def body(self, body: bytes, decoder: BodyDecoder | None) -> None:
         """A whole (non-SSE) response body: usage, finish reasons, metrics; decoded first if compressed."""

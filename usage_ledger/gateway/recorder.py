@@ -1,7 +1,8 @@
 """Turning a proxied call into ledger events, and honouring the durability setting.
 
 `call.started` is submitted (not awaited) once the request body is complete; the final event
-(`call.finished` / `call.failed`) is submitted with the response body as a blob. With strict
+(`call.finished` / `call.failed`) is submitted with the response body and the chunk gaps as blobs,
+in the same submission (one transaction, or one spool record). With strict
 durability the proxy awaits `call.started` (`until_durable`) before sending the response headers,
 so a call whose response began reaching the client survives a crash as started-not-finished, and
 awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
@@ -79,11 +80,17 @@ class Recorder:
             with contextlib.suppress(Exception):
                 await asyncio.shield(future)
 
-    async def finish(self, event: CallFinished | CallFailed, body: bytes | None, *, wait: bool = True) -> None:
-        """Submit the final event; with strict durability (and `wait`) return once it is durable, or
-        raise `NotRecorded` if it cannot be."""
-        bodies = {event.response_blob: body} if event.response_blob and body is not None else None
-        future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies)
+    async def finish(
+        self, event: CallFinished | CallFailed, body: bytes | None, gaps: bytes | None = None, *, wait: bool = True
+    ) -> None:
+        """Submit the final event with the blobs it names (`body`: `response_blob`, `gaps`: `chunk_gaps_blob`);
+        with strict durability (and `wait`) return once it is durable, or raise `NotRecorded` if it cannot be."""
+        bodies: dict[str, bytes] = {}
+        if event.response_blob and body is not None:
+            bodies[event.response_blob] = body
+        if event.chunk_gaps_blob and gaps is not None:
+            bodies[event.chunk_gaps_blob] = gaps
+        future = self.writer.submit([new_event(event, stream=call_stream(event.call_id))], bodies or None)
         if self.watcher is not None:
             self.watcher.call_ended(event.call_id)
         if not (self.strict and wait):

@@ -379,6 +379,8 @@ def _spool_replay(args: argparse.Namespace) -> int:
 def _redact(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
+        # Redaction is for client data: the bodies (`request_blob`, `response_blob`). A call's
+        # `chunk_gaps_blob` holds arrival timings only, so erasing a call's bodies never needs it.
         digest = args.blob_hash.strip().lower()
         if not _HEX64.fullmatch(digest):
             raise ConfigError(

@@ -130,17 +130,20 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     response_blob_omitted: str = ""
     """Why the body is not stored although `response_bytes` were sent: `too_large` (over
     LEDGER_MAX_STORED_BODY_BYTES) or `budget_full` (LEDGER_MAX_STORED_BYTES_IN_FLIGHT); empty: stored whole."""
-    chunk_gaps_us: list[int] = []
-    """Microseconds between the arrivals of successive content chunks (those carrying generated text)
-    at the gateway: entry i is chunk i+1's arrival minus chunk i's, chunk 0 being `timings.first_token`.
-    These are `vllm bench serve`'s inter-token latencies as the gateway saw them; their sum is
-    `last_token - first_token` to the microsecond. Chunks that arrived in one read share a moment (0).
+    chunk_gaps_blob: str | None = None
+    """The blob (sha256 hex, as `response_blob`) of the gaps in whole microseconds between the arrivals
+    of successive content chunks (those carrying generated text) at the gateway: entry i is chunk i+1's
+    arrival minus chunk i's, chunk 0 being `timings.first_token`. These are `vllm bench serve`'s
+    inter-token latencies as the gateway saw them; their sum is `last_token - first_token` to the
+    microsecond. Chunks that arrived in one read share a moment (0).
 
-    Gaps rather than offsets from the first token: a gap is a few digits however long the stream
-    (about 6 bytes a chunk in the stored JSON, 9 KB for a 1,470-chunk call, 300 KB for 50,000),
-    where offsets grow to 10. At most 65,536 are kept (`gateway.observed.MAX_CHUNK_GAPS`): a longer
-    stream keeps its first ones. Empty: not a stream, at most one content chunk, or recorded before
-    this field existed."""
+    The blob is a msgspec JSON array of ints (`ledger.chunk_gaps`), which the blob store compresses
+    with zstd: a 1,470-chunk stream's 8.5 KB of gaps are stored in 3.5 KB, 2.4 bytes a chunk
+    (docs/decide.md). In a blob, not in this payload, because a rebuild parses every payload and
+    needs none of them. At most 65,536 gaps are kept (`gateway.observed.MAX_CHUNK_GAPS`): a longer
+    stream keeps its first ones. None: not a stream, fewer than two content chunks, or recorded before
+    this field existed; `ledger compare` counts a call whose gap blob is missing or redacted as one
+    without gaps too. The blob holds timings only, no client data: `ledger redact` has no reason to erase it."""
 
 
 class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
@@ -158,8 +161,8 @@ class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
     usage_detail: str = ""
     response_blob_omitted: str = ""
     """As in `CallFinished`: why the bytes received are not stored (`response_blob` is None)."""
-    chunk_gaps_us: list[int] = []
-    """As in `CallFinished`: the content chunks that arrived before the call failed."""
+    chunk_gaps_blob: str | None = None
+    """As in `CallFinished`: the gaps of the content chunks that arrived before the call failed."""
 
 
 class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported"):

@@ -1,9 +1,9 @@
 """Verifying `ledger_blobs` against the verified chain, in bounded memory.
 
 Every blob row must hash (decompressed as the store wrote it) to its name and have the size it
-claims; every blob a verified event references must be stored unless a verified `blob.redacted`
-names it; an erased body needs that event, recorded before the erasure; a row no verified event
-references is reported. References and redactions seen on the chain walk go to a scratch SQLite
+claims; every blob a verified event references (request and response bodies, chunk gaps) must be
+stored unless a verified `blob.redacted` names it; an erased body needs that event, recorded
+before the erasure; a row no verified event references is reported. References and redactions seen on the chain walk go to a scratch SQLite
 file (a ledger may reference millions of bodies), then both sides are merged in hash order.
 """
 
@@ -88,14 +88,14 @@ class BlobReferences:
 
     def row(self, position: int, event_id: uuid.UUID, stored_hash: str, recorded_at: datetime, body: Event) -> None:
         if isinstance(body, CallStarted):
-            digest = body.request_blob
+            self._reference(body.request_blob, position)
         elif isinstance(body, CallFinished | CallFailed):
-            digest = body.response_blob
+            self._reference(body.response_blob, position)
+            self._reference(body.chunk_gaps_blob, position)
         elif isinstance(body, BlobRedacted):
             self._redactions.append((body.blob_hash, position, epoch_micros(recorded_at)))
-            return
-        else:
-            return
+
+    def _reference(self, digest: str | None, position: int) -> None:
         if digest is not None:
             self._refs.append((digest, position))
             if len(self._refs) >= _FLUSH_ROWS:

@@ -10,8 +10,9 @@ Latency, over the run's `ok` calls, as vLLM's `calculate_metrics` has it:
 - e2e: the last content chunk minus the request's arrival (vLLM's `latency`); calls without token
   times (not streamed, imported) from start to end (`elapsed_s`);
 - TPOT: (e2e - TTFT) / (output tokens - 1), calls with more than one output token;
-- ITL: every gap between successive content chunks, from the calls' `call.finished` events
-  (`chunk_gaps_us`, read through `ledger.read`); calls recorded without it count for nothing there.
+- ITL: every gap between successive content chunks, from the blobs the calls' `call.finished` events
+  name (`chunk_gaps_blob`, events read through `ledger.read`, blobs through `ledger.blobs.read_blob`);
+  calls recorded without one, or whose blob is missing or redacted, count for nothing there.
 In flight: the mean is Σ call elapsed ÷ wall (the time-weighted mean number of calls running
 between the first start and the last end); the max comes from a sweep over starts and ends (a call
 that ends when another starts does not overlap it).
@@ -28,7 +29,10 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from usage_ledger.ledger.blobs import read_blob
+from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import BlobNotFound
 from usage_ledger.ledger.events import CallFinished
 from usage_ledger.ledger.read import read_events
 from usage_ledger.projections._aggregate import collect_runs, run_filter
@@ -74,7 +78,8 @@ class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
     itl_ms: Latency | None
     e2e_ms: Latency | None
     itl_calls: int
-    """The ok calls whose chunk gaps are recorded (the rest have none: imported, not streamed, or older)."""
+    """The ok calls whose chunk gaps are recorded and stored (the rest have none: imported, not streamed,
+    older, or their gap blob is missing or redacted)."""
     ok_calls: int
     labels: dict[str, str] = {}
     server: ServerBlock | None = None
@@ -141,15 +146,15 @@ async def _chunk_gaps(conn: AsyncConnection, wanted: Sequence[_CallTimes]) -> tu
     """The chunk gaps (µs, counted per value) of the calls' `call.finished` events, and how many calls had any.
 
     Reads the positions from the first to the last of the calls' final events (a retagged call's
-    `call.finished` lies before its last position: then from the start of the ledger).
+    `call.finished` lies before its last position: then from the start of the ledger), then each
+    gap blob they name once (identical gaps are one blob); a blob missing or redacted: no gaps.
     """
     if not wanted:
         return Counter(), 0
     streams = {f"call-{t.call_id}" for t in wanted}
     after = 0 if any(t.retags for t in wanted) else min(t.last_position for t in wanted) - 1
     last = max(t.last_position for t in wanted)
-    gaps: Counter[int] = Counter()
-    with_gaps = 0
+    named: Counter[str] = Counter()  # gap blob: calls that name it
     while after < last:
         page = await read_events(conn, after, _PAGE)
         if not page:
@@ -159,10 +164,23 @@ async def _chunk_gaps(conn: AsyncConnection, wanted: Sequence[_CallTimes]) -> tu
                 break
             if stored.type == "call.finished" and stored.stream in streams:
                 body = stored.body()
-                if isinstance(body, CallFinished) and body.chunk_gaps_us:
-                    gaps.update(body.chunk_gaps_us)
-                    with_gaps += 1
+                if isinstance(body, CallFinished) and body.chunk_gaps_blob:
+                    named[body.chunk_gaps_blob] += 1
         after = page[-1].position
+    gaps: Counter[int] = Counter()
+    with_gaps = 0
+    for digest, count in named.items():
+        try:
+            values = decode_chunk_gaps(await read_blob(conn, digest))
+        except BlobNotFound:
+            continue
+        except msgspec.DecodeError as exc:
+            raise ProjectionError(
+                f"blob {digest} holds no chunk gaps ({exc}): check the ledger with `ledger verify`"
+            ) from exc
+        if values:
+            gaps.update({value: n * count for value, n in Counter(values).items()})
+            with_gaps += count
     return gaps, with_gaps
 
 
