@@ -19,6 +19,7 @@ from usage_ledger.emulator import commands as emulator_commands
 from usage_ledger.followers import projections_follower_process
 from usage_ledger.gateway import commands as gateway_commands
 from usage_ledger.ledger import commands as ledger_commands
+from usage_ledger.ledger.cli_support import run_command
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.projections import commands as projections_commands
 from usage_ledger.projections.api import build_api_routers
@@ -79,7 +80,7 @@ def _demo(args: argparse.Namespace) -> int:
     os.environ.setdefault("LEDGER_LOG_LEVEL", "warning")
     # Off a terminal (a pipe, a CI log) rich assumes 80 columns, and the run names were cut to "moe-2…".
     console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
-    return ledger_commands.run_command(lambda: run_demo(options, console))
+    return run_command(lambda: run_demo(options, console))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

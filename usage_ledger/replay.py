@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from usage_ledger.gateway.headers import MAX_VALUE
 from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.commands import add_db_option, open_checked, run_command
+from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import RunAnnotated, new_event

@@ -1,14 +1,11 @@
-"""`ledger` subcommands of the ledger package: db upgrade|current|history|downgrade, verify, keygen,
-checkpoint, events tail, spool replay, redact."""
+"""`ledger` subcommands of the ledger package: db (`db_commands`), verify, keygen, checkpoint, events tail,
+spool replay, redact."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import re
 import sys
-from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,71 +22,23 @@ from usage_ledger.ledger.checkpoint import (
     write_key_files,
 )
 from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
-from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.ledger.db_commands import register_db
 from usage_ledger.ledger.errors import BlobNotFound, ConfigError, LedgerError
 from usage_ledger.ledger.events import BlobRedacted, new_event
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.migrate import (
-    current_revision,
-    database_exists,
-    downgrade_database,
-    downgrade_steps,
-    head_revision,
-    require_head,
-    revision_history,
-    upgrade_database,
-)
 from usage_ledger.ledger.read import follow_events, iter_events
-from usage_ledger.ledger.settings import Settings, load_settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.verify import CLOCK_SKEW
 from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
 from usage_ledger.ledger.writer import replay_spool
 
-__all__ = ("add_db_option", "open_checked", "register", "run_command", "settings_from_args")
+__all__ = ("register",)
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-def add_db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
-
-
-def settings_from_args(args: argparse.Namespace, *names: str) -> Settings:
-    """Settings from the environment, overridden by the flags named (None = flag not given)."""
-    overrides = {name: getattr(args, name, None) for name in ("database_url", *names)}
-    return load_settings(os.environ, overrides)
-
-
-def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
-    """Run an async command; bad usage, bad input or an unreachable database exit with code 2."""
-    try:
-        return asyncio.run(main())
-    except LedgerError as exc:
-        print(f"ledger: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
-
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    db = sub.add_parser("db", help="database schema")
-    db_sub = db.add_subparsers(dest="db_command", metavar="ACTION", required=True)
-    upgrade = db_sub.add_parser("upgrade", help="migrate the schema to the newest revision")
-    add_db_option(upgrade)
-    upgrade.set_defaults(func=_db_upgrade)
-    current = db_sub.add_parser("current", help="the schema revision of the database, and whether it is the newest")
-    add_db_option(current)
-    current.set_defaults(func=_db_current)
-    history = db_sub.add_parser("history", help="every schema revision of this release, newest first")
-    history.set_defaults(func=_db_history)
-    downgrade = db_sub.add_parser("downgrade", help="undo schema revisions down to REV (or base)")
-    add_db_option(downgrade)
-    downgrade.add_argument("revision", metavar="REV", help="the revision to go back to (see `ledger db history`)")
-    downgrade.add_argument(
-        "--yes", action="store_true", help="confirm a downgrade that drops the ledger's own tables (all events)"
-    )
-    downgrade.set_defaults(func=_db_downgrade)
+    register_db(sub)
 
     verify = sub.add_parser(
         "verify", help="recompute the hash chain, check every blob and checkpoint; exit 0 only if intact"
@@ -152,86 +101,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--force", action="store_true", help="append blob.redacted even if the hash is unknown or already redacted"
     )
     redact.set_defaults(func=_redact)
-
-
-async def open_checked(settings: Settings) -> Database:
-    """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
-    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-    try:
-        await require_head(database)
-    except BaseException:
-        await database.dispose()
-        raise
-    return database
-
-
-def _db_upgrade(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = settings_from_args(args)
-        configure_logging(settings.log_level, settings.log_format)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        try:
-            await upgrade_database(database)
-        finally:
-            await database.dispose()
-        print(f"ledger schema is up to date in {database.safe_url}")
-        return 0
-
-    return run_command(main)
-
-
-def _db_current(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = settings_from_args(args)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        try:
-            revision = await current_revision(database)
-        finally:
-            await database.dispose()
-        head = head_revision()
-        if not database_exists(database):
-            state = "no database file (create it with `ledger db upgrade`)"
-        elif revision is None:
-            state = "none: not migrated (run `ledger db upgrade`)"
-        else:
-            state = revision + (" (head)" if revision == head else f" (head is {head}: run `ledger db upgrade`)")
-        print(f"{database.safe_url}: {state}")
-        return 0 if revision == head else 1
-
-    return run_command(main)
-
-
-def _db_history(_: argparse.Namespace) -> int:
-    for rev in revision_history():
-        print(f"{rev.down_revision or 'base'} -> {rev.revision}{' (head)' if rev.is_head else ''}: {rev.doc}")
-    return 0
-
-
-def _db_downgrade(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = settings_from_args(args)
-        configure_logging(settings.log_level, settings.log_format)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
-        try:
-            if not database_exists(database):
-                raise ConfigError(f"no ledger database at {database.safe_url}: nothing to downgrade")
-            steps = downgrade_steps(await current_revision(database), args.revision)
-            if any(step.down_revision is None for step in steps) and not args.yes:
-                raise ConfigError(
-                    f"downgrading {database.safe_url} to {args.revision} drops the ledger's own tables and every "
-                    "event in them; pass --yes if that is what you want (export or back up first)"
-                )
-            if steps:
-                await downgrade_database(database, args.revision)
-        finally:
-            await database.dispose()
-        if not steps:
-            print(f"{database.safe_url}: already at {args.revision}, nothing undone")
-        for step in steps:
-            print(f"undone {step.revision}: {step.doc}")
-        return 0
-
-    return run_command(main)
 
 
 def _verify(args: argparse.Namespace) -> int:

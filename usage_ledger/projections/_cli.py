@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import msgspec
 
 from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event

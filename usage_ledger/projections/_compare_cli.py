@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.compare import compare_runs, render_comparison
 

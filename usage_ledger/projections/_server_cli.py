@@ -7,7 +7,7 @@ import sys
 
 import msgspec
 
-from usage_ledger.ledger.commands import open_checked, run_command, settings_from_args
+from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections._output import print_rows
 from usage_ledger.projections.audit import audit_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.ledger.commands import add_db_option
+from usage_ledger.ledger.cli_support import add_db_option
 from usage_ledger.projections import _cli, _server_cli
 from usage_ledger.projections._agreement_cli import add_agreement_parser
 from usage_ledger.projections._compare_cli import compare_command

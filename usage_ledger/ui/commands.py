@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy.engine import make_url
 
-from usage_ledger.ledger.commands import add_db_option, run_command, settings_from_args
+from usage_ledger.ledger.cli_support import add_db_option, run_command, settings_from_args
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.log import configure_logging
