@@ -343,6 +343,11 @@ def _print_reports(options: DemoOptions, runs: list[DemoRun], reports: _Reports,
             _duration(era.mean_wall_s) if era.mean_wall_s is not None else "—",
         )
     console.print(eras)
+    console.print(
+        "Agreement between the two runs (ledger agreement) needs a label in each answer, such as a model's\n"
+        '"Grade: Buy"; the emulator\'s answers are filler text, so the demo computes none rather than invent one:\n'
+        f"  ledger agreement {' '.join(run.run for run in runs)} --extract 'Grade: (\\w+)' --scale Sell,Hold,Buy"
+    )
 
 
 def _scaled(tps: float | None, speed: float) -> float | None:
