@@ -28,7 +28,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.callviews import calls_page, get_call
 from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import CALL_STATUSES, CallFilter, parse_filter
+from usage_ledger.projections.filters import CALL_STATUSES, STATUS_PATTERN, WHEN_PATTERN, CallFilter, parse_filter
 from usage_ledger.projections.formulas import FORMULAS
 from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
@@ -53,17 +53,17 @@ Zone = Annotated[
     ),
 ]
 _WHEN = "an ISO date or date-time, e.g. 2026-03-01, 2026-03-01T09:00 (local in `tz`) or 2026-03-01T09:00+09:00"
-Since = Annotated[str | None, QueryParameter(description=f"calls started at or after {_WHEN}")]
+Since = Annotated[str | None, QueryParameter(description=f"calls started at or after {_WHEN}", pattern=WHEN_PATTERN)]
 Until = Annotated[
-    str | None, QueryParameter(description=f"calls started before {_WHEN}; a bare date includes that day")
+    str | None,
+    QueryParameter(description=f"calls started before {_WHEN}; a bare date includes that day", pattern=WHEN_PATTERN),
 ]
 Model = Annotated[str | None, QueryParameter(description="only calls of this model")]
-_ONE_STATUS = "|".join(CALL_STATUSES)
 Status = Annotated[
     str | None,
     QueryParameter(
         description=f"only calls with these statuses, comma-separated: {', '.join(CALL_STATUSES)}",
-        pattern=f"^({_ONE_STATUS})(,({_ONE_STATUS}))*$",
+        pattern=STATUS_PATTERN,
     ),
 ]
 Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls to skip, 0..{MAX_OFFSET}")]
@@ -87,7 +87,10 @@ def build_api_routers(database: Database, settings: Settings | None = None) -> l
         tz: str | None, since: str | None, until: str | None, model: str | None, status: str | None
     ) -> CallFilter:
         zone = parse_zone(settings.tz if tz is None else tz)
-        return parse_filter(zone=zone, since=since, until=until, model=model, status=status)
+        # empty = no filter, as the schema says (a form sends every field)
+        return parse_filter(
+            zone=zone, since=since or None, until=until or None, model=model or None, status=status or None
+        )
 
     @get("/runs", raises=may_miss)
     async def runs(

@@ -21,7 +21,17 @@ from usage_ledger.projections.errors import ProjectionError
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_text
 
-__all__ = ("CALL_STATUSES", "NO_FILTER", "CallFilter", "InvalidFilter", "filter_clauses", "parse_filter", "parse_time")
+__all__ = (
+    "CALL_STATUSES",
+    "NO_FILTER",
+    "STATUS_PATTERN",
+    "WHEN_PATTERN",
+    "CallFilter",
+    "InvalidFilter",
+    "filter_clauses",
+    "parse_filter",
+    "parse_time",
+)
 
 """Every status the calls projection writes (`ok`, `error` = an upstream error status, `failed`, `incomplete`)."""
 
@@ -42,6 +52,16 @@ class CallFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 
 NO_FILTER = CallFilter()
+
+_DAY = r"[12]\d{3}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
+_TIME = r"T([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)?"
+WHEN_PATTERN = f"^({_DAY}({_TIME})?)?$"
+"""What an API's `since` / `until` admit in its schema: empty (no bound), an ISO date or a date-time.
+Days 29-31 are read too; the pattern stops at 28 so that every value it admits is a real date
+(schemathesis generates from it and expects each one accepted)."""
+_ONE_STATUS = "|".join(CALL_STATUSES)
+STATUS_PATTERN = f"^(({_ONE_STATUS})(,({_ONE_STATUS}))*)?$"
+"""An API's `status`: empty (any), or statuses separated by commas."""
 
 
 def parse_time(text: str, flag: str, zone: ZoneInfo, *, end: bool = False) -> datetime:
@@ -75,8 +95,6 @@ def parse_filter(
     """The filter given as text (flags or query parameters); `status` may list several, comma-separated."""
     start = parse_time(since, "since", zone) if since is not None else None
     stop = parse_time(until, "until", zone, end=True) if until is not None else None
-    if start is not None and stop is not None and start >= stop:
-        raise InvalidFilter(f"since {since!r} is not before until {until!r}: nothing could match")
     statuses: tuple[str, ...] = ()
     if status is not None:
         statuses = tuple(dict.fromkeys(s.strip() for s in status.split(",") if s.strip()))

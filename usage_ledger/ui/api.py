@@ -15,8 +15,9 @@ from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundE
 from litestar.params import QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
+from usage_ledger.projections.api import Formula, Zone
 from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import parse_filter
+from usage_ledger.projections.filters import STATUS_PATTERN, WHEN_PATTERN, parse_filter
 from usage_ledger.projections.text import projection_text_or_none
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.queries import CallDetail, CallQuery, CallsList, call_detail, list_calls
@@ -41,7 +42,16 @@ MAX_LIMIT = 1000
 Text = Annotated[str | None, QueryParameter(description="exact value; empty = any")]
 Moment = Annotated[
     str | None,
-    QueryParameter(description="ISO date or date-time (by call start); without an offset, local to LEDGER_TZ"),
+    QueryParameter(
+        description="ISO date or date-time (by call start); without an offset, local to LEDGER_TZ; empty = any",
+        pattern=WHEN_PATTERN,
+    ),
+]
+Statuses = Annotated[
+    str | None,
+    QueryParameter(
+        description="statuses, comma-separated (ok, error, failed, incomplete); empty = any", pattern=STATUS_PATTERN
+    ),
 ]
 
 
@@ -78,11 +88,11 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
     may_miss = [*guarded, NotFoundException]
 
     @get("/runs", raises=may_miss, summary="Runs, and their throughput over time by a label")
-    async def runs(label: Text = None, formula: Text = None) -> RunsView:
+    async def runs(label: Text = None, formula: Formula = None) -> RunsView:
         return await runs_view(reader, label=label or None, formula=formula or None)
 
     @get("/run", raises=may_miss, summary="One run over time: in flight, output tokens/s, TTFT, TPOT, server")
-    async def run(run: Annotated[str, QueryParameter(description="a run name")], formula: Text = None) -> RunView:
+    async def run(run: Annotated[str, QueryParameter(description="a run name")], formula: Formula = None) -> RunView:
         return await run_view(reader, projection_text_or_none(run) or "", formula=formula or None)
 
     @get("/eras", raises=may_miss, summary="Runs grouped by a label, under every formula")
@@ -90,7 +100,7 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
         return await eras_view(reader, by=by or None, kind=kind or None)
 
     @get("/daily", raises=may_miss, summary="Tokens per day in a time zone, and the weekday means")
-    async def daily(tz: Text = None, run: Text = None) -> DailyView:
+    async def daily(tz: Zone = None, run: Text = None) -> DailyView:
         return await daily_view(reader, tz=tz or None, run=projection_text_or_none(run or None))
 
     @get("/calls", raises=may_miss, summary="Calls filtered by time range, run, model, ticker and status")
@@ -100,7 +110,7 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
         run: Text = None,
         model: Text = None,
         ticker: Text = None,
-        status: Text = None,
+        status: Statuses = None,
         offset: Annotated[int, QueryParameter(ge=0, le=10**12)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)] = 100,
     ) -> CallsList:
@@ -116,7 +126,9 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
 
     @get("/compare", raises=may_miss, summary="Runs side by side (ledger compare), metrics as rows")
     async def compare(
-        run: Annotated[list[str] | None, QueryParameter(description="two or more run names, repeated")] = None,
+        run: Annotated[
+            list[str] | None, QueryParameter(description="two or more run names, repeated", min_items=2)
+        ] = None,
     ) -> CompareView:
         return await compare_view(reader, [projection_text_or_none(r) or "" for r in run or []])
 
