@@ -38,10 +38,10 @@ class Observed:
         """Called when a stream shows the upstream forces usage; returns whether to believe it."""
         self.relay: SseRelay | None = None
         """The relay whose stream is edited, when the client must not see the usage chunk."""
-        self.first_token: float | None = None
-        self.last_token: float | None = None
+        self.first_token_us: int | None = None
         self.last_token_us = 0
-        """`last_token` in integer microseconds (0: no content chunk yet), what the next gap is taken from."""
+        """When the first and the last content chunk arrived, in integer microseconds since the epoch
+        (the gaps are taken from them); `first_token` / `last_token` give them in seconds."""
         self.chunk_gaps_us: list[int] = []
         """Microseconds between successive content chunks' arrivals (the blob `CallFinished.chunk_gaps_blob` names)."""
         self.usage: Usage | None = None
@@ -73,6 +73,16 @@ class Observed:
             counted = Usage(prompt_tokens=0, completion_tokens=self.deltas, total_tokens=self.deltas)
             return counted, "counted", "the stream ended early without usage: content deltas counted"
         return None, "absent", ""
+
+    @property
+    def first_token(self) -> float | None:
+        """When the first content chunk arrived (epoch seconds); None before one did."""
+        return None if self.first_token_us is None else self.first_token_us / 1_000_000
+
+    @property
+    def last_token(self) -> float | None:
+        """When the last content chunk so far arrived (epoch seconds); None before one did."""
+        return None if self.first_token_us is None else self.last_token_us / 1_000_000
 
     def gaps_blob(self) -> tuple[str | None, bytes | None]:
         """The chunk gaps as a blob: its hash and bytes, stored with the final event; (None, None) when
@@ -107,7 +117,6 @@ class Observed:
         """
         done: int | None = None
         now_us = time.time_ns() // 1000
-        now = now_us / 1_000_000
         relay = self.relay
         gaps = self.chunk_gaps_us
         for event in events:
@@ -122,11 +131,10 @@ class Observed:
             if info is TOKEN_CHUNK:  # nearly every event: one token, nothing else to note
                 self.chunk_count += 1
                 self.deltas += 1
-                if self.first_token is None:
-                    self.first_token = now
+                if self.first_token_us is None:
+                    self.first_token_us = now_us
                 elif len(gaps) < MAX_CHUNK_GAPS:
                     gaps.append(now_us - self.last_token_us)
-                self.last_token = now
                 self.last_token_us = now_us
                 continue
             cut = False
@@ -144,11 +152,10 @@ class Observed:
                 self.chunk_count += 1
             if info.tokens:
                 self.deltas += info.tokens
-                if self.first_token is None:
-                    self.first_token = now
+                if self.first_token_us is None:
+                    self.first_token_us = now_us
                 elif len(gaps) < MAX_CHUNK_GAPS:
                     gaps.append(now_us - self.last_token_us)
-                self.last_token = now
                 self.last_token_us = now_us
             if info.usage is not None:
                 self.usage = info.usage
