@@ -50,6 +50,10 @@ async def _wait_until_drained(url: str, seconds: float) -> dict[str, object]:
             await asyncio.sleep(0.2)
 
 
+def _sizes(*directories: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_size for d in directories for p in d.iterdir()}
+
+
 @pytest.mark.parametrize("spool_on", ["the same disk", "another disk"])
 async def test_a_full_disk_never_completes_an_unrecorded_call(emulator: Process, tmp_path: Path, spool_on: str) -> None:
     with tmpfs(tmp_path / "disk", "32m") as disk:
@@ -76,7 +80,7 @@ async def test_a_full_disk_never_completes_an_unrecorded_call(emulator: Process,
             stop.set()
             await load
             health = await _wait_until_drained(url, 20)
-            assert not health["spooling"], health
+            assert not health["spooling"], (health, _sizes(disk, spool))  # with what filled the disk
         finally:
             stop.set()
             await asyncio.to_thread(gw.stop)
