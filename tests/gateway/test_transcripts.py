@@ -23,7 +23,13 @@ import pytest
 import zstandard
 
 from tests.gateway.live import live_gateway, serving
-from tests.gateway.transcripts import Transcript, expected_metrics, expected_usage, load_transcripts
+from tests.gateway.transcripts import (
+    Transcript,
+    expected_fingerprint,
+    expected_metrics,
+    expected_usage,
+    load_transcripts,
+)
 from tests.gateway.upstream import read_body
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFailed, CallFinished, Event
@@ -169,6 +175,7 @@ async def test_the_client_gets_what_vllm_sent_and_the_ledger_its_usage(
         assert (final.usage.prompt_tokens, final.usage.completion_tokens) == expected
         assert final.usage_source == ("reported" if served is transcript else "injected")
     assert final.request_metrics == expected_metrics(served)
+    assert final.system_fingerprint == expected_fingerprint(served)
 
 
 STREAMS = [t for t in TRANSCRIPTS if t.is_sse]

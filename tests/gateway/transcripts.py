@@ -96,6 +96,19 @@ def expected_usage(t: Transcript) -> tuple[int, int] | None:
     return None
 
 
+def expected_fingerprint(t: Transcript) -> str | None:
+    """The last `system_fingerprint` the server sent in the call's body or stream, or None."""
+    try:
+        payloads = list(data_payloads(t.body)) if t.is_sse else [json.loads(t.body)]
+    except ValueError:
+        return None
+    found = None
+    for payload in payloads:
+        if isinstance(payload, dict) and isinstance(payload.get("system_fingerprint"), str):
+            found = payload["system_fingerprint"]
+    return found
+
+
 def expected_metrics(t: Transcript) -> dict[str, Any] | None:
     """vLLM's per-request `metrics` block of the call, as the server sent it, or None."""
     if not t.is_sse:

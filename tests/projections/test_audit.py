@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.gateway.processes import LEDGER, upgrade
@@ -18,7 +19,14 @@ CONFIG = {"cache_dtype": "fp8", "enable_prefix_caching": "False", "block_size": 
 
 
 def call(
-    call_id: str, t: float, run: str, *, temperature: float = 0.8, model: str = "moe", thinking: bool = False
+    call_id: str,
+    t: float,
+    run: str,
+    *,
+    temperature: float = 0.8,
+    model: str = "moe",
+    thinking: bool = False,
+    fingerprint: str | None = None,
 ) -> list[NewEvent]:
     body = CallStarted(
         call_id=call_id,
@@ -29,7 +37,10 @@ def call(
         model=model,
         sampling=Sampling(temperature=temperature, max_tokens=2048, enable_thinking=thinking),
     )
-    return [new_event(body, stream=f"call-{call_id}", occurred_at=at(t)), finished(call_id, t, t + 5)]
+    end = finished(call_id, t, t + 5)
+    if fingerprint is not None:  # what vLLM stamps on a non-streamed response
+        end = msgspec.structs.replace(end, body=msgspec.structs.replace(end.body, system_fingerprint=fingerprint))
+    return [new_event(body, stream=f"call-{call_id}", occurred_at=at(t)), end]
 
 
 def sampled(t: float, requests: float, config: dict[str, str] | None = None) -> NewEvent:
@@ -83,6 +94,25 @@ async def test_two_runs_apart(database: Database) -> None:
     assert "server enable_prefix_caching: moe-run False vs dense-run True" in details
     with pytest.raises(NotFound):
         await audit_run(database, "moe-run", against="no-such-run")
+
+
+async def test_the_server_fingerprint_within_a_run_and_against_another(database: Database) -> None:
+    await append(
+        database,
+        *call("a", 0, "r1", fingerprint="vllm-0.32.0-24ca3cec"),
+        *call("b", 1, "r1"),  # a stream: vLLM sends no fingerprint there
+        *call("c", 2, "r1", fingerprint="vllm-0.32.0-24ca3cec"),
+        *call("d", 100, "r2", fingerprint="vllm-0.32.0-24ca3cec"),
+        *call("e", 101, "r2", fingerprint="vllm-0.32.0-85e7044d"),  # restarted with another engine config
+    )
+    assert (await audit_run(database, "r1")).findings == []
+    (changed,) = (await audit_run(database, "r2")).findings
+    assert changed.kind == "server_fingerprint_changed"
+    assert changed.detail == "system_fingerprint: vllm-0.32.0-24ca3cec (1 calls), vllm-0.32.0-85e7044d (1 calls)"
+    apart = [f.detail for f in (await audit_run(database, "r1", against="r2")).findings]
+    assert apart[-1] == (
+        "system_fingerprint: r1 ['vllm-0.32.0-24ca3cec'] vs r2 ['vllm-0.32.0-24ca3cec', 'vllm-0.32.0-85e7044d']"
+    )
 
 
 def test_the_command_exits_0_1_or_2(tmp_path: Path) -> None:

@@ -190,6 +190,7 @@ class Call:
                 chunk_gaps_blob=gaps_digest,
                 timings=timings,
                 request_metrics=seen.request_metrics,
+                system_fingerprint=seen.system_fingerprint,
             )
             self._count_usage(usage, source, detail)
         await self.recorder.finish(event, data, gaps)

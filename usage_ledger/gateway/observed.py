@@ -56,6 +56,7 @@ class Observed:
         self.chunk_count = 0
         self.stream_error = False
         self.request_metrics: dict[str, Any] | None = None
+        self.system_fingerprint: str | None = None
         self.request_id: str | None = None
         self.terminal_chunks: list[tuple[int, int]] = []
         """Spans of chunks with a finish reason, held while the usage chunk the gateway asked for may follow."""
@@ -106,6 +107,7 @@ class Observed:
         self.usage_problem = described.usage_problem
         self.reasons = list(described.finish_reasons)
         self.request_metrics = described.metrics
+        self.system_fingerprint = described.system_fingerprint
         self.request_id = described.request_id
 
     def events(self, events: list[SseEvent]) -> int | None:
@@ -169,6 +171,8 @@ class Observed:
                 self.stream_error = True
             if info.metrics is not None:
                 self.request_metrics = info.metrics
+            if info.system_fingerprint is not None:
+                self.system_fingerprint = info.system_fingerprint
             if info.terminal and done is None:
                 done = event.start
         self.metrics.chunks += len(events)

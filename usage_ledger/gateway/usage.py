@@ -311,6 +311,7 @@ class _Response(msgspec.Struct):
     metrics: msgspec.Raw = _NO_RAW
     status: str | None = None  # Responses API
     incomplete_details: Any = None
+    system_fingerprint: msgspec.Raw = _NO_RAW  # read leniently: a server's odd value must not cost the usage
 
 
 class _RawResponse(msgspec.Struct):
@@ -320,6 +321,7 @@ class _RawResponse(msgspec.Struct):
     metrics: msgspec.Raw = _NO_RAW
     status: msgspec.Raw = _NO_RAW
     incomplete_details: msgspec.Raw = _NO_RAW
+    system_fingerprint: msgspec.Raw = _NO_RAW
 
 
 _body_decoder = msgspec.json.Decoder(_Response)
@@ -333,6 +335,7 @@ class ResponseInfo(msgspec.Struct, frozen=True):
     usage_problem: str = ""
     finish_reasons: tuple[str, ...] = ()
     metrics: dict[str, Any] | None = None
+    system_fingerprint: str | None = None
 
 
 def inspect_response(body: bytes) -> ResponseInfo:
@@ -356,6 +359,7 @@ def inspect_response(body: bytes) -> ResponseInfo:
         usage_problem=problem,
         finish_reasons=reasons,
         metrics=_read_metrics(resp.metrics),
+        system_fingerprint=_lenient(_str_decoder, resp.system_fingerprint),
     )
 
 
@@ -376,4 +380,5 @@ def _inspect_odd_response(body: bytes) -> ResponseInfo:
         usage_problem=problem,
         finish_reasons=reasons,
         metrics=_read_metrics(raw.metrics),
+        system_fingerprint=_lenient(_str_decoder, raw.system_fingerprint),
     )

@@ -144,6 +144,9 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     stream keeps its first ones. None: not a stream, fewer than two content chunks, or recorded before
     this field existed; `ledger compare` counts a call whose gap blob is missing or redacted as one
     without gaps too. The blob holds timings only, no client data: `ledger redact` has no reason to erase it."""
+    system_fingerprint: str | None = None
+    """The response's `system_fingerprint`: vLLM (0.32) derives it from its whole engine config, once
+    at start-up, and sends it on non-streamed responses only. None: not sent, or recorded before this field."""
 
 
 class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):

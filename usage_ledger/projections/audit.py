@@ -5,8 +5,10 @@ Findings, each with a kind and a detail:
   `sampling`) or the model differs between the run's calls;
 - `server_restarted`, `server_config_changed`, `server_models_changed`: what the gateway's samples
   of the server (`server.sampled`) show inside the run's window;
-- `differs_from_other_run`: with `--against`, a sampling parameter, the model or a server config
-  label whose value differs between the two runs.
+- `server_fingerprint_changed`: the responses' `system_fingerprint` (vLLM's hash of its engine
+  config, on non-streamed responses, `call.finished`) differs between the run's calls;
+- `differs_from_other_run`: with `--against`, a sampling parameter, the model, a server config
+  label or the system fingerprint whose value differs between the two runs.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import CallStarted, ServerSampled, decode_event
+from usage_ledger.ledger.events import CallFinished, CallStarted, ServerSampled, decode_event
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections._aggregate import run_filter
 from usage_ledger.projections.engine import live_version
@@ -50,18 +52,25 @@ class _RunFacts(msgspec.Struct, kw_only=True):
     values: dict[str, Counter[str]]
     """Per parameter (sampling fields and `model`), how many calls sent each value."""
     config: dict[str, str] | None
+    fingerprints: Counter[str]
+    """How many calls' responses carried each `system_fingerprint`."""
 
 
 def _shown(value: object) -> str:
     return "(not sent)" if value is None else msgspec.json.encode(value).decode()
 
 
-async def _started_events(conn: AsyncConnection, call_ids: Sequence[str]) -> list[CallStarted]:
-    found: list[CallStarted] = []
+async def _call_events(conn: AsyncConnection, call_ids: Sequence[str]) -> list[CallStarted | CallFinished]:
+    """The calls' `call.started` and `call.finished` events."""
+    found: list[CallStarted | CallFinished] = []
     for i in range(0, len(call_ids), _CHUNK):
         streams = [f"call-{c}" for c in call_ids[i : i + _CHUNK]]
-        query = select(events.c.payload).where(events.c.stream.in_(streams), events.c.type == "call.started")
-        found += [e for (p,) in (await conn.execute(query)).all() if isinstance(e := decode_event(p), CallStarted)]
+        query = select(events.c.payload).where(
+            events.c.stream.in_(streams), events.c.type.in_(("call.started", "call.finished"))
+        )
+        for (payload,) in (await conn.execute(query)).all():
+            if isinstance(event := decode_event(payload), CallStarted | CallFinished):
+                found.append(event)
     return found
 
 
@@ -75,9 +84,10 @@ async def _facts(
         if where is None:
             raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
         ids = [r[0] for r in await conn.execute(select(calls.c.call_id).where(calls.c.version == version, where))]
-        started = await _started_events(conn, ids)
+        found = await _call_events(conn, ids)
     values: dict[str, Counter[str]] = {}
-    for event in started:
+    fingerprints = Counter(e.system_fingerprint for e in found if isinstance(e, CallFinished) and e.system_fingerprint)
+    for event in (e for e in found if isinstance(e, CallStarted)):
         fields = {name: getattr(event.sampling, name) for name in event.sampling.__struct_fields__}
         for name, value in {**fields, "model": event.model}.items():
             values.setdefault(name, Counter())[_shown(value)] += 1
@@ -89,12 +99,16 @@ async def _facts(
         for name, seen in values.items()
         if len(seen) > 1
     ]
+    if len(fingerprints) > 1:
+        seen_text = ", ".join(f"{v} ({n} calls)" for v, n in fingerprints.most_common())
+        findings.append(Finding(kind="server_fingerprint_changed", detail=f"system_fingerprint: {seen_text}"))
     server = row.server
     if server is not None and server.restarts:
         findings.append(Finding(kind="server_restarted", detail=f"{server.restarts}× (its counters went down)"))
     if server is not None and server.window_start is not None and server.window_end is not None:
         findings += _changes(samples_of_run(samples, run), server.window_start, server.window_end)
-    return _RunFacts(values=values, config=server.config if server is not None else None), findings
+    config = server.config if server is not None else None
+    return _RunFacts(values=values, config=config, fingerprints=fingerprints), findings
 
 
 def _changes(samples: Sequence[ServerSampled], start: datetime, end: datetime) -> list[Finding]:
@@ -138,6 +152,9 @@ def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) ->
     elif (mine.config is None) != (other.config is None):
         unsampled = run if mine.config is None else other_run
         found.append(Finding(kind="differs_from_other_run", detail=f"server config: {unsampled} was not sampled"))
+    if mine.fingerprints and other.fingerprints and set(mine.fingerprints) != set(other.fingerprints):
+        a, b = sorted(mine.fingerprints), sorted(other.fingerprints)
+        found.append(Finding(kind="differs_from_other_run", detail=f"system_fingerprint: {run} {a} vs {other_run} {b}"))
     return found
 
 
