@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "usage_ledger"
-LAYERS = {"ledger", "gateway", "projections", "emulator", "migrations", "ui"}
+LAYERS = {"ledger", "gateway", "projections", "emulator", "migrations", "ui", "otel"}
 ALLOWED = {
     "ledger": set(),
     "gateway": {"ledger"},
     "projections": {"ledger"},
     "emulator": set(),
     "ui": {"ledger", "projections"},  # the dashboard reads read models; `cli` hands its routers to the gateway
+    "otel": {"ledger"},  # exports committed events; `cli` starts it beside `serve`
 }
 
 

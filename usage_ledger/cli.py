@@ -16,11 +16,12 @@ from rich.console import Console
 
 from usage_ledger import replay as replay_commands
 from usage_ledger.emulator import commands as emulator_commands
-from usage_ledger.followers import projections_follower_process
+from usage_ledger.followers import otel_follower_process, projections_follower_process
 from usage_ledger.gateway import commands as gateway_commands
 from usage_ledger.ledger import commands as ledger_commands
 from usage_ledger.ledger.cli_support import run_command
 from usage_ledger.ledger.version import VERSION
+from usage_ledger.otel import commands as otel_commands
 from usage_ledger.projections import commands as projections_commands
 from usage_ledger.projections.api import build_api_routers
 from usage_ledger.ui import commands as ui_commands
@@ -38,13 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
     gateway_commands.register(
-        sub, background=(projections_follower_process,), api=build_api_routers, ui=build_ui_routers
+        sub,
+        background=(projections_follower_process, otel_follower_process),
+        api=build_api_routers,
+        ui=build_ui_routers,
     )
     projections_commands.register(sub)
     emulator_commands.register(sub)
     ui_commands.register(sub)
     _register_demo(sub)
     replay_commands.register(sub)
+    otel_commands.register(sub)
     return parser
 
 

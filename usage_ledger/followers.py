@@ -17,9 +17,10 @@ import time
 import structlog
 
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.settings import load_settings
 from usage_ledger.processes import stop_process
 
-__all__ = ("projections_follower_process",)
+__all__ = ("follower_process", "otel_follower_process", "projections_follower_process")
 
 log = structlog.get_logger("usage_ledger.followers")
 
@@ -39,7 +40,18 @@ _DIE_WITH_PARENT_THEN_EXEC = (
 
 async def projections_follower_process(database: Database) -> None:
     """Run `ledger projections run --follow` for as long as the gateway runs; restart it if it exits."""
-    args = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC, str(os.getpid()), "projections", "run", "--follow"]
+    await follower_process(database, "projections", "run", "--follow")
+
+
+async def otel_follower_process(database: Database) -> None:
+    """Run `ledger otel export --follow` beside the gateway, only when LEDGER_OTEL_EXPORT=1 (off by default)."""
+    if load_settings(os.environ).otel_export:
+        await follower_process(database, "otel", "export", "--follow")
+
+
+async def follower_process(database: Database, *command: str) -> None:
+    """Run `ledger <command>` as a child for as long as the gateway runs; restart it if it exits."""
+    args = [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC, str(os.getpid()), *command]
     env = {**os.environ, "LEDGER_DATABASE_URL": database.url}  # not argv: a password would show in `ps`
     delay = 1.0
     while True:
@@ -52,6 +64,6 @@ async def projections_follower_process(database: Database) -> None:
             raise
         if time.monotonic() - started > 60:
             delay = 1.0  # it had been running fine: restart promptly
-        log.warning("projections_follower_exited", code=code, restart_in_s=delay)
+        log.warning("follower_exited", command=" ".join(command), code=code, restart_in_s=delay)
         await asyncio.sleep(delay)
         delay = min(delay * 2, 60.0)  # e.g. the database is down: retry, but don't spin

@@ -64,6 +64,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # sampling the upstream's /metrics (gateway.sampler, docs/server.md): 0 = off
     server_sample_s: float = 10.0
     server_sample_timeout_s: float = 5.0
+    # `ledger serve` also runs `ledger otel export --follow` (docs/otel.md); the OTEL_* variables configure it
+    otel_export: bool = False
     # projections and reports
     run_gap_s: float = 900.0
     tz: str = "UTC"

@@ -1,0 +1,130 @@
+"""Committed calls as export records: a call's start paired with its end, and its GenAI attributes.
+
+Pure (no SDK): what a span says is decided here, how it is sent is `export`'s business.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+import msgspec
+
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted
+
+__all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "trace_ids")
+
+AttributeValue = str | int | float | bool | list[str]
+
+
+class ExportedCall(msgspec.Struct, frozen=True, kw_only=True):
+    call_id: str
+    name: str
+    start: datetime
+    end: datetime
+    failed: bool
+    error: str
+    attributes: dict[str, AttributeValue]
+    operation: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+    ttft_s: float | None
+
+
+def operation_of(path: str) -> str:
+    """`gen_ai.operation.name` from the endpoint called."""
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/completions"):
+        return "text_completion"
+    if path.endswith("/embeddings"):
+        return "embeddings"
+    return path.rsplit("/", 1)[-1] or "unknown"
+
+
+def trace_ids(call_id: str) -> tuple[int, int]:
+    """(trace id, span id) derived from the call id: a re-export sends the same ids, so receivers can dedupe."""
+    digest = hashlib.sha256(f"usage-ledger:{call_id}".encode()).digest()
+    return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
+
+
+def _common(call_id: str, run: str | None, tags: dict[str, str]) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {"usage_ledger.call_id": call_id}
+    if run is not None:
+        attributes["usage_ledger.run"] = run
+    for name, value in sorted(tags.items()):
+        attributes[f"usage_ledger.tag.{name}"] = value
+    return attributes
+
+
+def call_from_events(started: CallStarted, ended: CallFinished | CallFailed) -> ExportedCall:
+    operation = operation_of(started.path)
+    model = started.model or ""
+    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": operation}
+    if started.model:
+        attributes["gen_ai.request.model"] = started.model
+    usage = ended.usage
+    if usage is not None:
+        attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+    attributes["usage_ledger.usage_source"] = ended.usage_source
+    attributes.update(_common(started.call_id, started.run, started.tags))
+    timings = ended.timings
+    end = timings.finished or timings.last_token or timings.received
+    ttft = None
+    if started.stream and timings.first_token is not None:
+        ttft = (timings.first_token - started.received_at).total_seconds()
+    if isinstance(ended, CallFinished):
+        if ended.finish_reasons:
+            attributes["gen_ai.response.finish_reasons"] = list(ended.finish_reasons)
+        if ended.upstream_request_id:
+            attributes["gen_ai.response.id"] = ended.upstream_request_id
+        attributes["http.response.status_code"] = ended.status
+        failed = ended.status >= 400
+        error = f"HTTP {ended.status}" if failed else ""
+    else:
+        failed = True
+        error = f"{ended.phase}: {ended.reason}"
+        attributes["error.type"] = ended.reason
+    return ExportedCall(
+        call_id=started.call_id,
+        name=f"{operation} {model}".strip(),
+        start=started.received_at,
+        end=max(end, started.received_at),
+        failed=failed,
+        error=error,
+        attributes=attributes,
+        operation=operation,
+        model=model,
+        input_tokens=usage.prompt_tokens if usage else None,
+        output_tokens=usage.completion_tokens if usage else None,
+        ttft_s=ttft,
+    )
+
+
+def call_from_import(imported: CallImported) -> ExportedCall:
+    """An imported call: the importer knows no endpoint; these are chat calls in practice."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.usage.input_tokens": imported.input_tokens,
+        "gen_ai.usage.output_tokens": imported.output_tokens,
+        "usage_ledger.import_source": imported.source,
+    }
+    if imported.model:
+        attributes["gen_ai.request.model"] = imported.model
+    attributes.update(_common(imported.call_id, imported.run, imported.tags))
+    return ExportedCall(
+        call_id=imported.call_id,
+        name=f"chat {imported.model or ''}".strip(),
+        start=imported.started_at,
+        end=max(imported.finished_at, imported.started_at),
+        failed=imported.status == "error",
+        error="imported with status error" if imported.status == "error" else "",
+        attributes=attributes,
+        operation="chat",
+        model=imported.model or "",
+        input_tokens=imported.input_tokens,
+        output_tokens=imported.output_tokens,
+        ttft_s=imported.ttft_s,
+    )

@@ -1,0 +1,215 @@
+"""Sending committed calls to an OTLP/HTTP receiver, from a durable checkpoint.
+
+    events after checkpoint ──► call.finished / call.failed / call.imported
+                                   + its call.started (looked up by stream) ──► spans + histograms
+                                ──► exporter reports success ──► checkpoint := last position read
+
+At least once: the checkpoint (a row `otel.export` in `ledger_checkpoints`, beside the projections')
+advances only after the receiver accepted the page; a crash in between re-sends the page with the
+same trace/span ids. The SDK reads `OTEL_EXPORTER_OTLP_*` and `OTEL_SERVICE_NAME` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted, decode_event, utc_now
+from usage_ledger.ledger.read import StoredEvent, read_events
+from usage_ledger.ledger.schema import checkpoints, events
+from usage_ledger.otel.calls import ExportedCall, call_from_events, call_from_import, trace_ids
+from usage_ledger.otel.errors import ExportFailed, OtelMissing
+
+__all__ = ("CHECKPOINT_NAME", "Exporters", "export_once", "follow_export", "open_exporters", "read_export_checkpoint")
+
+CHECKPOINT_NAME = "otel.export"
+_ENDS = ("call.finished", "call.failed", "call.imported")
+log = structlog.get_logger("usage_ledger.otel")
+
+
+@dataclass
+class Exporters:
+    """The SDK objects, built once per command (never at import time)."""
+
+    span_exporter: Any
+    meter_provider: Any
+    token_usage: Any
+    ttft: Any
+    resource: Any
+
+    def shutdown(self) -> None:
+        self.meter_provider.shutdown()
+        self.span_exporter.shutdown()
+
+
+def open_exporters(span_exporter: Any = None, metric_exporter: Any = None) -> Exporters:
+    """OTLP/HTTP exporters configured by the standard environment variables (the SDK reads them)."""
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+    except ImportError as exc:
+        raise OtelMissing(
+            "OpenTelemetry export needs the `otel` extra: pip install 'usage-ledger[otel]'"
+            f" (missing module: {exc.name})"
+        ) from exc
+    resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    reader = PeriodicExportingMetricReader(
+        metric_exporter or OTLPMetricExporter(), export_interval_millis=24 * 3600 * 1000
+    )  # flushed explicitly after each page, not on a timer
+    provider = MeterProvider(resource=resource, metric_readers=[reader])
+    meter = provider.get_meter("usage_ledger")
+    token_usage = meter.create_histogram(
+        "gen_ai.client.token.usage", unit="{token}", description="Tokens used per call, by gen_ai.token.type"
+    )
+    ttft = meter.create_histogram(
+        "gen_ai.server.time_to_first_token", unit="s", description="Time to the first token of a stream"
+    )
+    return Exporters(span_exporter or OTLPSpanExporter(), provider, token_usage, ttft, resource)
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
+
+def _span(call: ExportedCall, resource: Any) -> Any:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+    from opentelemetry.trace.status import Status, StatusCode
+
+    trace_id, span_id = trace_ids(call.call_id)
+    context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return ReadableSpan(
+        name=call.name,
+        context=context,
+        parent=None,
+        resource=resource,
+        attributes=call.attributes,
+        kind=SpanKind.CLIENT,
+        status=Status(StatusCode.ERROR, call.error) if call.failed else Status(StatusCode.UNSET),
+        start_time=_ns(call.start),
+        end_time=_ns(call.end),
+        instrumentation_scope=InstrumentationScope("usage_ledger"),
+    )
+
+
+def _record_metrics(exporters: Exporters, call: ExportedCall) -> None:
+    base = {"gen_ai.operation.name": call.operation, "gen_ai.request.model": call.model}
+    if call.input_tokens is not None:
+        exporters.token_usage.record(call.input_tokens, {**base, "gen_ai.token.type": "input"})
+    if call.output_tokens is not None:
+        exporters.token_usage.record(call.output_tokens, {**base, "gen_ai.token.type": "output"})
+    if call.ttft_s is not None:
+        exporters.ttft.record(call.ttft_s, base)
+
+
+async def read_export_checkpoint(conn: AsyncConnection) -> int:
+    query = select(checkpoints.c.position).where(checkpoints.c.projection == CHECKPOINT_NAME)
+    value = (await conn.execute(query)).scalar_one_or_none()
+    return int(value) if value is not None else 0
+
+
+async def _write_checkpoint(database: Database, position: int) -> None:
+    async with database.engine.begin() as conn:
+        insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
+        statement = insert(checkpoints).values(
+            projection=CHECKPOINT_NAME, version=1, position=position, updated_at=utc_now()
+        )
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["projection", "version"],
+                set_={"position": statement.excluded.position, "updated_at": statement.excluded.updated_at},
+            )
+        )
+
+
+async def _starts(conn: AsyncConnection, streams: Sequence[str]) -> dict[str, CallStarted]:
+    """The `call.started` of each stream (a call's start may be in an earlier page)."""
+    if not streams:
+        return {}
+    rows = await conn.execute(
+        select(events.c.stream, events.c.payload).where(events.c.stream.in_(streams), events.c.type == "call.started")
+    )
+    out: dict[str, CallStarted] = {}
+    for stream, payload in rows:
+        body = decode_event(payload)
+        if isinstance(body, CallStarted):
+            out[stream] = body
+    return out
+
+
+def _calls(page: Sequence[StoredEvent], starts: dict[str, CallStarted]) -> list[ExportedCall]:
+    out: list[ExportedCall] = []
+    for stored in page:
+        if stored.type not in _ENDS:
+            continue
+        body = stored.body()
+        if isinstance(body, CallImported):
+            out.append(call_from_import(body))
+        elif isinstance(body, CallFinished | CallFailed):
+            started = starts.get(stored.stream)
+            if started is None:
+                log.warning("otel_call_without_start", call_id=body.call_id, position=stored.position)
+                continue
+            out.append(call_from_events(started, body))
+    return out
+
+
+async def export_once(database: Database, exporters: Exporters, *, page_size: int = 500) -> int:
+    """Export every committed call after the checkpoint; returns the new checkpoint.
+
+    Raises ExportFailed (checkpoint unchanged for that page) when the receiver refuses or is down."""
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    async with database.engine.connect() as conn:
+        position = await read_export_checkpoint(conn)
+    while True:
+        async with database.engine.connect() as conn:
+            page = await read_events(conn, position, page_size)
+            streams = sorted({e.stream for e in page if e.type in ("call.finished", "call.failed")})
+            starts = await _starts(conn, streams)
+        if not page:
+            return position
+        calls = _calls(page, starts)
+        if calls:
+            # The SDK's exporter blocks (requests, retries): off the event loop.
+            result = await asyncio.to_thread(
+                exporters.span_exporter.export, [_span(c, exporters.resource) for c in calls]
+            )
+            if result is not SpanExportResult.SUCCESS:
+                raise ExportFailed(f"the OTLP receiver did not accept {len(calls)} spans (after position {position})")
+            for call in calls:
+                _record_metrics(exporters, call)
+            # Cumulative histograms: a flush that fails is carried by the next one, so it must not hold
+            # the checkpoint back (a re-read page would count its tokens twice).
+            if not await asyncio.to_thread(exporters.meter_provider.force_flush):
+                log.warning("otel_metrics_not_flushed", checkpoint=page[-1].position)
+        position = page[-1].position
+        await _write_checkpoint(database, position)
+        log.info("otel_exported", spans=len(calls), checkpoint=position)
+
+
+async def follow_export(database: Database, exporters: Exporters, *, poll_interval_s: float = 1.0) -> None:
+    """Export forever; a receiver or database that is down is retried with a back-off, never fatal."""
+    delay = poll_interval_s
+    while True:
+        try:
+            await export_once(database, exporters)
+            delay = poll_interval_s
+        except (ExportFailed, DatabaseUnavailable, LedgerError) as exc:
+            log.warning("otel_export_failed", error=str(exc), retry_in_s=delay)
+            delay = min(delay * 2, 30.0)
+        await asyncio.sleep(delay)
