@@ -49,6 +49,7 @@ async def test_serve_exports_spans_of_its_calls(backend_url: str, tmp_path: Path
     for span in spans:
         a = attrs(span)
         assert a["gen_ai.operation.name"] == "chat"
+        assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == "emulator-moe"  # the body's, streamed or not
         assert a["usage_ledger.run"] == "otel-e2e"
         assert a["gen_ai.usage.output_tokens"] > 0
         assert span.end_time_unix_nano > span.start_time_unix_nano

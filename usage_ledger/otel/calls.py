@@ -12,7 +12,7 @@ import msgspec
 
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted
 
-__all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "trace_ids")
+__all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "response_model", "trace_ids")
 
 AttributeValue = str | int | float | bool | list[str]
 
@@ -43,6 +43,39 @@ def operation_of(path: str) -> str:
     return path.rsplit("/", 1)[-1] or "unknown"
 
 
+class _Model(msgspec.Struct):
+    model: str | None = None
+
+
+class _ResponsesEvent(msgspec.Struct):
+    response: _Model | None = None  # the Responses API's events carry the model inside `response`
+
+
+_model_decoder = msgspec.json.Decoder(_Model)
+_responses_event_decoder = msgspec.json.Decoder(_ResponsesEvent)
+
+
+def response_model(body: bytes) -> str | None:
+    """The `model` the server answered with: a JSON body's, or the first SSE chunk's that names one.
+
+    Read from the stored response by the exporter, off the proxy path; None for a body that names
+    none (an error, an odd shape)."""
+    try:
+        if body.lstrip()[:1] == b"{":
+            return _model_decoder.decode(body).model
+        for line in body.split(b"\n"):
+            if line.startswith(b"data: {"):
+                data = line[6:].rstrip(b"\r")
+                model = _model_decoder.decode(data).model
+                if model is None and (event := _responses_event_decoder.decode(data).response) is not None:
+                    model = event.model
+                if model is not None:
+                    return model
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return None
+
+
 def trace_ids(call_id: str) -> tuple[int, int]:
     """(trace id, span id) derived from the call id: a re-export sends the same ids, so receivers can dedupe."""
     digest = hashlib.sha256(f"usage-ledger:{call_id}".encode()).digest()
@@ -58,12 +91,17 @@ def _common(call_id: str, run: str | None, tags: dict[str, str]) -> dict[str, At
     return attributes
 
 
-def call_from_events(started: CallStarted, ended: CallFinished | CallFailed) -> ExportedCall:
+def call_from_events(
+    started: CallStarted, ended: CallFinished | CallFailed, answered_model: str | None = None
+) -> ExportedCall:
+    """`answered_model`: `response_model` of the stored response (None: no body, redacted, or none named)."""
     operation = operation_of(started.path)
     model = started.model or ""
     attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": operation}
     if started.model:
         attributes["gen_ai.request.model"] = started.model
+    if answered_model:
+        attributes["gen_ai.response.model"] = answered_model
     usage = ended.usage
     if usage is not None:
         attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens

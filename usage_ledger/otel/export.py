@@ -22,12 +22,13 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.errors import BlobNotFound, DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted, decode_event, utc_now
 from usage_ledger.ledger.read import StoredEvent, read_events
 from usage_ledger.ledger.schema import checkpoints, events
-from usage_ledger.otel.calls import ExportedCall, call_from_events, call_from_import, trace_ids
+from usage_ledger.otel.calls import ExportedCall, call_from_events, call_from_import, response_model, trace_ids
 from usage_ledger.otel.errors import ExportFailed, OtelMissing
 
 __all__ = ("CHECKPOINT_NAME", "Exporters", "export_once", "follow_export", "open_exporters", "read_export_checkpoint")
@@ -151,7 +152,25 @@ async def _starts(conn: AsyncConnection, streams: Sequence[str]) -> dict[str, Ca
     return out
 
 
-def _calls(page: Sequence[StoredEvent], starts: dict[str, CallStarted]) -> list[ExportedCall]:
+async def _answered_models(conn: AsyncConnection, page: Sequence[StoredEvent]) -> dict[str, str | None]:
+    """Per response blob of the page's finished calls, the model it names (one read per distinct blob)."""
+    found: dict[str, str | None] = {}
+    for stored in page:
+        if stored.type != "call.finished":
+            continue
+        body = stored.body()
+        digest = body.response_blob if isinstance(body, CallFinished) else None
+        if digest is not None and digest not in found:
+            try:
+                found[digest] = response_model(await read_blob(conn, digest))
+            except BlobNotFound:  # redacted, or stored nowhere (too large, budget full)
+                found[digest] = None
+    return found
+
+
+def _calls(
+    page: Sequence[StoredEvent], starts: dict[str, CallStarted], models: dict[str, str | None]
+) -> list[ExportedCall]:
     out: list[ExportedCall] = []
     for stored in page:
         if stored.type not in _ENDS:
@@ -164,7 +183,8 @@ def _calls(page: Sequence[StoredEvent], starts: dict[str, CallStarted]) -> list[
             if started is None:
                 log.warning("otel_call_without_start", call_id=body.call_id, position=stored.position)
                 continue
-            out.append(call_from_events(started, body))
+            answered = models.get(body.response_blob or "") if isinstance(body, CallFinished) else None
+            out.append(call_from_events(started, body, answered))
     return out
 
 
@@ -181,9 +201,10 @@ async def export_once(database: Database, exporters: Exporters, *, page_size: in
             page = await read_events(conn, position, page_size)
             streams = sorted({e.stream for e in page if e.type in ("call.finished", "call.failed")})
             starts = await _starts(conn, streams)
+            models = await _answered_models(conn, page)
         if not page:
             return position
-        calls = _calls(page, starts)
+        calls = _calls(page, starts, models)
         if calls:
             # The SDK's exporter blocks (requests, retries): off the event loop.
             result = await asyncio.to_thread(
