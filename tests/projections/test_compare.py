@@ -271,6 +271,17 @@ async def test_itl_reads_the_gap_blobs_and_a_missing_or_redacted_one_counts_as_n
     assert (b.itl_calls, b.itl_ms and b.itl_ms.n) == (1, 1)
 
 
+async def test_without_refresh_it_reads_the_projections_as_they_are(database: Database) -> None:
+    """What the dashboard under `ledger serve` asks for: the follower (another process) catches up, not the page."""
+    await append_events(database, [started("a1", 0, run="a"), finished("a1", 0, 5)])
+    await append_events(database, [started("b1", 10, run="b"), finished("b1", 10, 15)])
+    await compare_runs(database, ["a", "b"])  # catches up
+    await append_events(database, [started("c1", 20, run="c"), finished("c1", 20, 25)])
+    with pytest.raises(NotFound):
+        await compare_runs(database, ["a", "c"], refresh=False)  # run c is not in the read model yet
+    assert [r.run for r in (await compare_runs(database, ["a", "c"])).runs] == ["a", "c"]
+
+
 # -- imported runs: no chunk times, the user's own numbers ---------------------------------------------------------
 
 

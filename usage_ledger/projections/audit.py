@@ -159,9 +159,10 @@ def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) ->
 
 
 async def audit_run(
-    database: Database, run: str, *, against: str | None = None, run_gap_s: float = 900.0
+    database: Database, run: str, *, against: str | None = None, run_gap_s: float = 900.0, refresh: bool = True
 ) -> AuditReport:
-    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s)  # catches up first; NotFound if no run
+    """`refresh`: catch the projections up first (False where a follower does, or the caller just did)."""
+    (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=refresh)  # NotFound if no run
     async with database.engine.connect() as conn:
         samples = await load_samples(conn)
     facts, findings = await _facts(database, row, run_gap_s, samples)

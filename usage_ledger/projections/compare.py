@@ -302,15 +302,19 @@ def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
 
-async def compare_runs(database: Database, runs: Sequence[str], *, run_gap_s: float | None = None) -> Comparison:
-    """Each run's column, the ratios of every run after the first against the first, and what audit finds."""
+async def compare_runs(
+    database: Database, runs: Sequence[str], *, run_gap_s: float | None = None, refresh: bool = True
+) -> Comparison:
+    """Each run's column, the ratios of every run after the first against the first, and what audit finds.
+
+    `refresh`: catch the projections up first (once); False under `ledger serve`, whose follower does."""
     if len(runs) < 2:
         raise ProjectionError("compare needs at least two runs")
     gap = 900.0 if run_gap_s is None else run_gap_s
     columns: list[RunComparison] = []
     for i, run in enumerate(runs):
-        column = await _column(database, run, gap, refresh=i == 0)
-        audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=gap)
+        column = await _column(database, run, gap, refresh=refresh and i == 0)
+        audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=gap, refresh=False)
         columns.append(
             msgspec.structs.replace(
                 column,

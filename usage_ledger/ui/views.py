@@ -206,7 +206,7 @@ async def compare_view(reader: Reader, picked: list[str]) -> CompareView:
     picked = list(dict.fromkeys(picked))
     if len(picked) < 2:
         return CompareView(runs=names, picked=picked, comparison=None, metrics=[])
-    comparison = await compare_runs(database, picked, run_gap_s=gap)
+    comparison = await compare_runs(database, picked, run_gap_s=gap, refresh=False)  # `reader.ready` refreshed
     columns = [metric_values(run) for run in comparison.runs]
     metrics = [
         MetricRow(
