@@ -190,8 +190,9 @@ class _Checkpointer(_ThreadConnection):
         PASSIVE checkpoints copy the WAL's frames but never restart it: SQLite writes from the start
         of the file again only when a transaction begins with every frame copied and no reader on
         them, a moment that never came under steady appends and reads, and the file grew (26 MiB
-        beside a 5.6 MiB database for 8,000 events with two readers; on a small disk, it filled it).
-        TRUNCATE holds the write lock while it waits, so the wait is kept short.
+        beside a 7 MiB database in the full-disk test, which it filled again). TRUNCATE holds the
+        write lock while it waits, so the wait is kept short: a reader holding one snapshot longer
+        (a whole-ledger scan) makes it give up, and the WAL is bounded only once such reads end.
         """
         conn.execute(f"PRAGMA busy_timeout={_WAL_RESTART_WAIT_MS}")
         try:
