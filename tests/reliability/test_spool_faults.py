@@ -143,15 +143,6 @@ async def test_spool_replays_with_no_traffic_after_an_outage(
     )
 
 
-async def _count_events(db_url: str) -> int:
-    database = open_database(db_url, null_pool=True)
-    try:
-        async with database.engine.connect() as conn:
-            return await head_position(conn)
-    finally:
-        await database.dispose()
-
-
 async def test_kill_9_in_the_middle_of_a_replay_loses_and_doubles_nothing(
     emulator: Process, backend_url: str, tmp_path: Path
 ) -> None:
@@ -166,15 +157,21 @@ async def test_kill_9_in_the_middle_of_a_replay_loses_and_doubles_nothing(
     gw = processes.gateway(tmp_path, emulator.url, backend_url)  # type: ignore[attr-defined]
     starting = asyncio.create_task(asyncio.to_thread(gw.start))
     killed_at = 0
-    while not starting.done():  # the replay of 8,000 events takes seconds; look every 5 ms
-        appended = await _count_events(backend_url)
-        if 0 < appended < total:
-            gw.kill()
-            killed_at = appended
-            break
-        await asyncio.sleep(0.005)
+    watcher = open_database(backend_url, null_pool=True)  # one engine: a poll is one query, not a connect
+    try:
+        while not starting.done():  # the replay of 8,000 events takes seconds; look every 5 ms
+            async with watcher.engine.connect() as conn:
+                appended = await head_position(conn)
+            if 0 < appended < total:
+                gw.kill()
+                killed_at = appended
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        await watcher.dispose()
     with contextlib.suppress(RuntimeError):  # "exited -9": killed before it was healthy
         await starting
+    gw.kill()  # a kill that missed the replay must not leave this gateway running past the test
     gw.log.close()
     assert 0 < killed_at < total, "the kill did not land during the replay"
     gw = processes.gateway(tmp_path, emulator.url, backend_url)  # type: ignore[attr-defined]
