@@ -1,4 +1,4 @@
-"""Imports flow one way: gateway → ledger, projections → ledger, ui → projections and ledger; emulator imports
+"""Imports flow one way: gateway → ledger, projections → ledger, ui and otel → projections and ledger; emulator imports
 nothing of ours."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ ALLOWED = {
     "projections": {"ledger"},
     "emulator": set(),
     "ui": {"ledger", "projections"},  # the dashboard reads read models; `cli` hands its routers to the gateway
-    "otel": {"ledger"},  # exports committed events; `cli` starts it beside `serve`
+    "otel": {"ledger", "projections"},  # exports committed events by the read model's rules; `cli` starts it
 }
 
 

@@ -11,6 +11,7 @@ from datetime import datetime
 import msgspec
 
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted
+from usage_ledger.projections.call_rules import ended_at, finished_status
 
 __all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "response_model", "trace_ids")
 
@@ -109,7 +110,7 @@ def call_from_events(
     attributes["usage_ledger.usage_source"] = ended.usage_source
     attributes.update(_common(started.call_id, started.run, started.tags))
     timings = ended.timings
-    end = timings.finished or timings.last_token or timings.received
+    end = ended_at(timings.finished, timings.last_token, timings.upstream_headers, timings.received)
     ttft = None
     if started.stream and timings.first_token is not None:
         ttft = (timings.first_token - started.received_at).total_seconds()
@@ -119,7 +120,7 @@ def call_from_events(
         if ended.upstream_request_id:
             attributes["gen_ai.response.id"] = ended.upstream_request_id
         attributes["http.response.status_code"] = ended.status
-        failed = ended.status >= 400
+        failed = finished_status(ended.status) != "ok"  # the calls read model's rule
         error = f"HTTP {ended.status}" if failed else ""
     else:
         failed = True

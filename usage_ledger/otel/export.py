@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound, DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.errors import BlobNotFound, LedgerError
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted, decode_event, utc_now
 from usage_ledger.ledger.read import StoredEvent, read_events
 from usage_ledger.ledger.schema import checkpoints, events
@@ -152,13 +152,18 @@ async def _starts(conn: AsyncConnection, streams: Sequence[str]) -> dict[str, Ca
     return out
 
 
-async def _answered_models(conn: AsyncConnection, page: Sequence[StoredEvent]) -> dict[str, str | None]:
-    """Per response blob of the page's finished calls, the model it names (one read per distinct blob)."""
+_End = CallFinished | CallFailed | CallImported
+
+
+def _ends(page: Sequence[StoredEvent]) -> list[tuple[str, _End]]:
+    """(stream, body) of the page's calls that ended, each payload decoded once."""
+    return [(e.stream, body) for e in page if e.type in _ENDS and isinstance(body := e.body(), _End)]
+
+
+async def _answered_models(conn: AsyncConnection, ends: Sequence[tuple[str, _End]]) -> dict[str, str | None]:
+    """Per response blob of the finished calls, the model it names (one read per distinct blob)."""
     found: dict[str, str | None] = {}
-    for stored in page:
-        if stored.type != "call.finished":
-            continue
-        body = stored.body()
+    for _, body in ends:
         digest = body.response_blob if isinstance(body, CallFinished) else None
         if digest is not None and digest not in found:
             try:
@@ -169,19 +174,16 @@ async def _answered_models(conn: AsyncConnection, page: Sequence[StoredEvent]) -
 
 
 def _calls(
-    page: Sequence[StoredEvent], starts: dict[str, CallStarted], models: dict[str, str | None]
+    ends: Sequence[tuple[str, _End]], starts: dict[str, CallStarted], models: dict[str, str | None]
 ) -> list[ExportedCall]:
     out: list[ExportedCall] = []
-    for stored in page:
-        if stored.type not in _ENDS:
-            continue
-        body = stored.body()
+    for stream, body in ends:
         if isinstance(body, CallImported):
             out.append(call_from_import(body))
-        elif isinstance(body, CallFinished | CallFailed):
-            started = starts.get(stored.stream)
+        else:
+            started = starts.get(stream)
             if started is None:
-                log.warning("otel_call_without_start", call_id=body.call_id, position=stored.position)
+                log.warning("otel_call_without_start", call_id=body.call_id)
                 continue
             answered = models.get(body.response_blob or "") if isinstance(body, CallFinished) else None
             out.append(call_from_events(started, body, answered))
@@ -199,12 +201,12 @@ async def export_once(database: Database, exporters: Exporters, *, page_size: in
     while True:
         async with database.engine.connect() as conn:
             page = await read_events(conn, position, page_size)
-            streams = sorted({e.stream for e in page if e.type in ("call.finished", "call.failed")})
-            starts = await _starts(conn, streams)
-            models = await _answered_models(conn, page)
+            ends = _ends(page)
+            starts = await _starts(conn, sorted({s for s, body in ends if not isinstance(body, CallImported)}))
+            models = await _answered_models(conn, ends)
         if not page:
             return position
-        calls = _calls(page, starts, models)
+        calls = _calls(ends, starts, models)
         if calls:
             # The SDK's exporter blocks (requests, retries): off the event loop.
             result = await asyncio.to_thread(
@@ -230,7 +232,7 @@ async def follow_export(database: Database, exporters: Exporters, *, poll_interv
         try:
             await export_once(database, exporters)
             delay = poll_interval_s
-        except (ExportFailed, DatabaseUnavailable, LedgerError) as exc:
+        except LedgerError as exc:  # ExportFailed, DatabaseUnavailable, … : retried
             log.warning("otel_export_failed", error=str(exc), retry_in_s=delay)
             delay = min(delay * 2, 30.0)
         await asyncio.sleep(delay)
