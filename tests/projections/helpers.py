@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
@@ -32,6 +33,7 @@ def finished(
     completion: int = 101,
     status: int = 200,
     ttft: float = 0.5,
+    request_metrics: dict[str, Any] | None = None,
 ) -> NewEvent:
     timings = Timings(
         received=at(t0),
@@ -41,7 +43,14 @@ def finished(
         finished=at(t1),
     )
     usage = Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-    body = CallFinished(call_id=call_id, status=status, usage=usage, usage_source="reported", timings=timings)
+    body = CallFinished(
+        call_id=call_id,
+        status=status,
+        usage=usage,
+        usage_source="reported",
+        timings=timings,
+        request_metrics=request_metrics,
+    )
     return new_event(body, stream=f"call-{call_id}", occurred_at=at(t1))
 
 
@@ -54,6 +63,20 @@ def failed(call_id: str, t0: float, t1: float) -> NewEvent:
         timings=Timings(received=at(t0), finished=at(t1)),
     )
     return new_event(body, stream=f"call-{call_id}", occurred_at=at(t1))
+
+
+def spec_metrics(draft: int, accepted: int, steps: int) -> dict[str, Any]:
+    """A `request_metrics` with vLLM's per-request speculative-decoding block (as 0.32 sends it)."""
+    block = {
+        "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+        "draft_acceptance_rate": accepted / draft if draft else 0.0,
+        "acceptance_histogram": [steps - min(steps, accepted), min(steps, accepted)],
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": draft,
+        "num_spec_tokens": 2,
+    }
+    return {"time_to_first_token_ms": 12.5, "speculative_decoding": block}
 
 
 async def append(database: Database, *events: NewEvent) -> None:

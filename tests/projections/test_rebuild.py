@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 from datetime import timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
 
-from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
+from tests.projections.helpers import append, append_plain_calls, at, failed, finished, spec_metrics, started
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import (
     CallFailed,
@@ -41,12 +42,27 @@ from usage_ledger.projections.tables import calls
 _serial = itertools.count()
 
 
+def _request_metrics(n: int) -> dict[str, Any] | None:
+    """A call's `request_metrics` by `n`: none, a block the calls read model keeps, or one it must not."""
+    kept = spec_metrics(n, n // 2, n // 3)
+    odd: list[Any] = [True, 3.0, -1, 10**15, "5", None]
+    if n % 4 == 0:
+        return None
+    if n % 4 == 1:
+        return kept
+    if n % 4 == 2:
+        return {"speculative_decoding": None} if n % 3 == 0 else {"mean_itl_ms": 1.5}
+    block = dict(kept["speculative_decoding"])
+    block[("num_draft_tokens", "num_accepted_draft_tokens", "num_spec_steps")[n % 3]] = odd[n % len(odd)]
+    return {"speculative_decoding": block if n % 7 else [1, 2]}
+
+
 def _event(kind: str, call: int, t: float, n: int, salt: int) -> NewEvent:
     cid = f"c{salt}-{call}"
     if kind == "started":
         return started(cid, t, run=("r1", "r2", None)[n % 3], ticker=f"T{n % 4}")
     if kind == "finished":
-        return finished(cid, t, t + 1 + n % 7, completion=n, prompt=n * 3)
+        return finished(cid, t, t + 1 + n % 7, completion=n, prompt=n * 3, request_metrics=_request_metrics(n))
     if kind == "failed":
         return failed(cid, t, t + 2)
     if kind == "started_odd":  # offsets, whole seconds, several tags, escapes, no model
@@ -86,6 +102,7 @@ def _event(kind: str, call: int, t: float, n: int, salt: int) -> NewEvent:
             usage_source="reported" if usage else "absent",
             response_blob=f"r{n}",
             timings=moments,
+            request_metrics=_request_metrics(n + 1),
         )
         return new_event(body4, stream=f"call-{cid}")
     if kind == "imported":

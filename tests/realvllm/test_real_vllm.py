@@ -37,7 +37,7 @@ from tests.realvllm.checks import (
     running_stack,
 )
 from tests.realvllm.harness import Tally
-from tests.realvllm.promtext import parse_samples
+from tests.realvllm.promtext import parse_samples, total
 from tests.realvllm.servers import (
     CONFIGS,
     MODEL_NAME,
@@ -307,6 +307,27 @@ class TestForceUsageMetrics(MetricsTier, GenerateTier):
 
 class TestSpecDecode(MetricsTier, GenerateTier):
     config = "spec_decode"
+
+    def test_acceptance_from_every_calls_block_equals_vllms_counters(self, stack: Stack) -> None:
+        """`--per-request-spec-decode-metrics summary`: the run's acceptance is summed from each call's own
+        block, and vLLM's counters over the run, read straight from its /metrics, are the oracle."""
+        counters = [f"vllm:spec_decode_num_{n}_total" for n in ("drafts", "draft_tokens", "accepted_tokens")]
+
+        def read() -> list[float]:
+            page = parse_samples(httpx.get(stack.vllm.url + "/metrics", timeout=30).text)
+            return [total(page, name) for name in counters]
+
+        run = f"{stack.config}-blocks"
+        time.sleep(sampling.QUIET_S)  # earlier tests' calls are behind the first read
+        before = read()
+        sampling.run_through_gateway(stack, run, ("chat", "chat_stream_usage", "completions", "completions_stream"))
+        server = sampling.server_block(stack, run)
+        drafts, draft_tokens, accepted = (b - a for a, b in zip(before, read(), strict=True))
+        assert server["sources"]["spec_decode_acceptance_rate"] == (
+            "vllm per-request speculative_decoding blocks summed over 4 calls"
+        ), server
+        assert draft_tokens > 0 and server["spec_decode_acceptance_rate"] == pytest.approx(accepted / draft_tokens)
+        assert server["spec_decode_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
 
 
 class TestEmbeddings:

@@ -17,9 +17,12 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from usage_ledger.projections.call_rules import FAILED_STATUSES
 from usage_ledger.projections.formulas import RunStats
+from usage_ledger.projections.server import SpecBlocks
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
+
+_SPEC_COLUMNS = (calls.c.spec_draft_tokens, calls.c.spec_accepted_tokens, calls.c.spec_steps)
 
 AUTO_PREFIX = "auto-"
 
@@ -37,6 +40,7 @@ class RunAcc:
         "output",
         "rate_calls",
         "rate_sum",
+        "spec",
         "tickers",
     )
 
@@ -48,6 +52,16 @@ class RunAcc:
         self.last_end: datetime | None = None
         self.models: dict[str | None, int] = {}
         self.tickers: dict[str, list[int]] = {}
+        self.spec = [0, 0, 0, 0]
+        """Over the ok calls with a speculative-decoding block: how many, Σ draft, Σ accepted, Σ steps."""
+
+    def spec_blocks(self) -> SpecBlocks | None:
+        """The sums of the per-request blocks when every ok call has one (and there is one), else None."""
+        ok = self.calls - self.failed - self.incomplete
+        calls, draft, accepted, steps = self.spec
+        if not ok or calls != ok:
+            return None
+        return SpecBlocks(calls=calls, draft_tokens=draft, accepted_tokens=accepted, steps=steps)
 
     def stats(self) -> RunStats:
         return RunStats(
@@ -70,6 +84,12 @@ class RunAcc:
 
 def _int_sum(column: Any) -> Any:
     return cast(func.coalesce(func.sum(column), 0), BigInteger)
+
+
+def _spec_sums() -> list[Any]:
+    """Over the ok calls: how many have a block, and Σ of each of its counters (`RunAcc.spec`)."""
+    of_ok = [case((calls.c.status == "ok", column), else_=None) for column in _SPEC_COLUMNS]
+    return [cast(func.count(of_ok[2]), Integer), *(_int_sum(column) for column in of_ok)]
 
 
 def _rate() -> Any:
@@ -99,6 +119,7 @@ async def _tagged(
             func.max(calls.c.ended_at),
             func.sum(_rate()),
             cast(func.count(_rate()), Integer),
+            *_spec_sums(),
         )
         .where(*where)
         .group_by(calls.c.run)
@@ -109,6 +130,7 @@ async def _tagged(
         acc.calls, acc.failed, acc.incomplete, acc.input, acc.output = (int(r[i]) for i in range(1, 6))
         acc.first_start, acc.last_start, acc.last_end = r[6], r[7], r[8]
         acc.rate_sum, acc.rate_calls = float(r[9] or 0.0), int(r[10])
+        acc.spec = [int(v) for v in r[11:15]]
     if not runs:
         return runs
     models = select(calls.c.run, calls.c.model, func.count()).where(*where).group_by(calls.c.run, calls.c.model)
@@ -143,7 +165,16 @@ async def _untagged(
     chosen = case((and_(*selected), 1), else_=0) if selected else literal(1)
     query = (
         select(
-            c.started_at, c.ended_at, c.status, c.input_tokens, c.output_tokens, c.elapsed_s, c.ticker, c.model, chosen
+            c.started_at,
+            c.ended_at,
+            c.status,
+            c.input_tokens,
+            c.output_tokens,
+            c.elapsed_s,
+            c.ticker,
+            c.model,
+            chosen,
+            *_SPEC_COLUMNS,
         )
         .where(c.version == version, c.run.is_(None))
         .order_by(c.started_at, c.call_id)
@@ -155,7 +186,7 @@ async def _untagged(
     horizon: datetime | None = None
     result = await conn.stream(query)
     async for part in result.partitions(5000):
-        for started, ended, status, tin, tout, elapsed, ticker, model, keep in part:
+        for started, ended, status, tin, tout, elapsed, ticker, model, keep, draft, accepted, steps in part:
             if horizon is None or (started - horizon).total_seconds() > run_gap_s:
                 name = auto_name(started)
                 while name in names:
@@ -179,9 +210,16 @@ async def _untagged(
                 acc.failed += 1
             elif status == "incomplete":
                 acc.incomplete += 1
-            elif status == "ok" and elapsed and elapsed > 0:
-                acc.rate_sum += tout / elapsed
-                acc.rate_calls += 1
+            elif status == "ok":
+                if elapsed and elapsed > 0:
+                    acc.rate_sum += tout / elapsed
+                    acc.rate_calls += 1
+                if steps is not None:
+                    spec = acc.spec
+                    spec[0] += 1
+                    spec[1] += draft
+                    spec[2] += accepted
+                    spec[3] += steps
             acc.models[model] = acc.models.get(model, 0) + 1
             if ticker is not None:
                 t = acc.tickers.setdefault(ticker, [0, 0, 0])

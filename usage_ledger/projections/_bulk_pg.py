@@ -17,6 +17,8 @@ from __future__ import annotations
 from usage_ledger.projections.call_rules import (
     DECODE_TPS_SQL,
     PREFILL_TPS_SQL,
+    SPEC_COUNT_DIGITS,
+    SPEC_DECODE_KEYS,
     STATUS_SQL,
     TOKENS_SQL,
     USAGE_SOURCE_SQL,
@@ -49,6 +51,16 @@ def _shape(v: str) -> str:
     return f"({v} IS NULL OR {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z')"
 
 
+# `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block (json): JSON numbers written
+# as plain digits in range (msgspec writes a float with a point or an exponent), all three or none.
+_SPEC_OK = " AND ".join(
+    f"json_typeof(sd -> '{k}') = 'number' AND (sd ->> '{k}') ~ '^[0-9]{{1,{SPEC_COUNT_DIGITS}}}$'"
+    for k in SPEC_DECODE_KEYS
+)
+_SPEC = ", ".join(
+    f"CASE WHEN {_SPEC_OK} THEN (sd ->> '{k}')::bigint END AS spec_{i}" for i, k in enumerate(SPEC_DECODE_KEYS)
+)
+
 _STARTS = f"""
 CREATE TEMP TABLE rebuild_starts AS
 SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.started' AS started, r.run, r.tags ->> 'ticker' AS ticker,
@@ -64,7 +76,7 @@ WHERE e.position <= :head AND e.type IN ('call.started', 'call.imported', 'call.
 
 _ENDS = f"""
 CREATE TEMP TABLE rebuild_ends AS
-SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, {_SPEC},
        {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
        COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
        {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
@@ -74,12 +86,13 @@ FROM (
          (CASE WHEN e.type = 'call.finished' THEN r.status ELSE r.client_status END)::bigint AS http_status,
          CASE WHEN e.type = 'call.failed' THEN r.reason END AS reason, r.response_blob, r.usage_source,
          u.prompt_tokens AS prompt, u.completion_tokens AS completion, u.cached_tokens AS cached,
+         CASE WHEN e.type = 'call.finished' THEN r.request_metrics -> 'speculative_decoding' END AS sd,
          t.received AS t_received, t.upstream_headers AS t_headers, t.first_token AS t_first, t.last_token AS t_last,
          t.finished AS t_finished, {_CLEAN.format(p="e.payload")} AS clean
   FROM ledger_events e
   CROSS JOIN LATERAL json_to_record({_parsed("e.payload")}) AS r(call_id text, status text, client_status text,
                                                                reason text, response_blob text, usage_source text,
-                                                               usage json, timings json)
+                                                               usage json, timings json, request_metrics json)
   LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint, cached_tokens bigint)
     ON true
   LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,
@@ -95,7 +108,7 @@ _ROWS = f"""
 CREATE TEMP TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL::text AS source, status, http_status, failure_reason,
        usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
-       output_tokens, cached_tokens,
+       output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
        {PREFILL_TPS_SQL} AS prefill_tps,
        {DECODE_TPS_SQL} AS decode_tps,
        request_blob, response_blob, 0 AS retags, last_position, plain
@@ -106,6 +119,7 @@ FROM (
          e.http_status, e.reason AS failure_reason,
          {USAGE_SOURCE_SQL} AS usage_source,
          {TOKENS_SQL}, e.cached AS cached_tokens,
+         e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
          EXTRACT(EPOCH FROM (e.ended_at - s.started_at))::float8 AS elapsed_s,
          EXTRACT(EPOCH FROM (e.first_token_at - s.started_at))::float8 AS ttft_s,
          EXTRACT(EPOCH FROM (e.last_token_at - e.first_token_at))::float8 AS decode_s,

@@ -29,6 +29,8 @@ from __future__ import annotations
 from usage_ledger.projections.call_rules import (
     DECODE_TPS_SQL,
     PREFILL_TPS_SQL,
+    SPEC_COUNT_DIGITS,
+    SPEC_DECODE_KEYS,
     STATUS_SQL,
     TOKENS_SQL,
     USAGE_SOURCE_SQL,
@@ -94,12 +96,20 @@ FROM (
 ) LIMIT -1
 """
 
+# `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block's JSON text: JSON integers
+# (`json_type`: booleans are `true`/`false`) in range, all three or none.
+_SPEC_OK = " AND ".join(
+    f"json_type(sd, '$.{k}') = 'integer' AND sd ->> '$.{k}' BETWEEN 0 AND {10**SPEC_COUNT_DIGITS - 1}"
+    for k in SPEC_DECODE_KEYS
+)
+_SPEC = ", ".join(f"CASE WHEN spec_ok THEN sd ->> '$.{k}' END AS spec_{i}" for i, k in enumerate(SPEC_DECODE_KEYS))
+
 # The ends scan's SELECT over positions `:first` to `:last` (`_sqlite_prepare` splits them between its
 # two scan connections). Each moment's shape is checked once (`_ts` is NULL for any other shape):
 # `valid` and the microseconds come from the converted text.
 _TIMES = ("received", "headers", "first", "last", "finished")
 ENDS_SELECT = f"""
-SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached,
+SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, {_SPEC},
        ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
        {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AND clean AS valid,
        {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
@@ -107,6 +117,7 @@ FROM (
   SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
   FROM (
     SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, clean,
+           sd, sd IS NOT NULL AND {_SPEC_OK} AS spec_ok,
            {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
     FROM (
       SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished, {_CLEAN},
@@ -116,6 +127,7 @@ FROM (
              {_j("response_blob")} AS response_blob, {_j("usage_source")} AS usage_source,
              {_j("usage.prompt_tokens")} AS prompt, {_j("usage.completion_tokens")} AS completion,
              {_j("usage.cached_tokens")} AS cached,
+             CASE WHEN type = 'call.finished' THEN payload -> '$.request_metrics.speculative_decoding' END AS sd,
              {_j("timings.received")} AS t_received, {_j("timings.upstream_headers")} AS t_headers,
              {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
              {_j("timings.finished")} AS t_finished
@@ -133,7 +145,7 @@ _ROWS = f"""
 CREATE TABLE rebuild_rows AS
 SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
        usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
-       output_tokens, cached_tokens,
+       output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
        {PREFILL_TPS_SQL} AS prefill_tps,
        {DECODE_TPS_SQL} AS decode_tps,
        request_blob, response_blob, 0 AS retags, last_position, plain
@@ -144,6 +156,7 @@ FROM (
          e.http_status, e.reason AS failure_reason,
          {USAGE_SOURCE_SQL} AS usage_source,
          {TOKENS_SQL}, e.cached AS cached_tokens,
+         e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
          (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
          (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
          s.tags IS NOT NULL AND s.started_at IS NOT NULL

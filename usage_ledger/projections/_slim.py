@@ -39,6 +39,11 @@ class SStarted(msgspec.Struct, frozen=True, tag="call.started"):
     request_blob: str | None = None
 
 
+class SRequestMetrics(msgspec.Struct, frozen=True):
+    speculative_decoding: Any = None
+    """As vLLM sent it (`call_rules.spec_decode_counts` reads it)."""
+
+
 class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
     call_id: str
     status: int
@@ -46,6 +51,7 @@ class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
     response_blob: str | None = None
     usage: SUsage | None = None
     usage_source: str = "absent"
+    request_metrics: SRequestMetrics | None = None
 
 
 class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):

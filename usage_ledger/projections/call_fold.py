@@ -18,7 +18,7 @@ import msgspec
 
 from usage_ledger.ledger.events import CallImported, CallRetagged
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
-from usage_ledger.projections.call_rules import decode_tps, ended_at, finished_status, prefill_tps
+from usage_ledger.projections.call_rules import decode_tps, ended_at, finished_status, prefill_tps, spec_decode_counts
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
@@ -56,6 +56,9 @@ class CallRow(msgspec.Struct, kw_only=True, gc=False):
     input_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_steps: int | None = None
     prefill_tps: float | None = None
     decode_tps: float | None = None
     request_blob: str | None = None
@@ -93,6 +96,9 @@ def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
         row.input_tokens = ev.usage.prompt_tokens
         row.output_tokens = ev.usage.completion_tokens
         row.cached_tokens = ev.usage.cached_tokens
+    metrics = ev.request_metrics if isinstance(ev, SFinished) else None
+    counts = spec_decode_counts(metrics.speculative_decoding) if metrics is not None else None
+    row.spec_draft_tokens, row.spec_accepted_tokens, row.spec_steps = counts or (None, None, None)
     if isinstance(ev, SFinished):
         row.http_status = ev.status
         row.status = finished_status(ev.status)

@@ -12,6 +12,7 @@ none), `ttft_s`, `decode_s`, `input_tokens`, `output_tokens` the values computed
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 __all__ = (
     "CALL_STATUSES",
@@ -19,6 +20,8 @@ __all__ = (
     "FAILED_STATUSES",
     "OK_STATUS_SQL",
     "PREFILL_TPS_SQL",
+    "SPEC_COUNT_DIGITS",
+    "SPEC_DECODE_KEYS",
     "STATUS_SQL",
     "TOKENS_SQL",
     "USAGE_SOURCE_SQL",
@@ -27,6 +30,7 @@ __all__ = (
     "ended_at",
     "finished_status",
     "prefill_tps",
+    "spec_decode_counts",
 )
 
 FAILED_STATUSES = ("error", "failed")
@@ -87,3 +91,26 @@ def decode_rate_note(
     if last <= first:
         return "every token arrived in one read: no decode interval to divide by"
     return None  # pragma: no cover - decode_tps gives a rate in every other case
+
+
+SPEC_DECODE_KEYS = ("num_draft_tokens", "num_accepted_draft_tokens", "num_spec_steps")
+"""The counters of vLLM's per-request `speculative_decoding` block the calls read model keeps, in the
+order of its columns `spec_draft_tokens`, `spec_accepted_tokens`, `spec_steps`."""
+SPEC_COUNT_DIGITS = 15
+"""A counter is kept when it is a JSON integer of at most this many digits (0 ≤ n < 10¹⁵): what
+both backends' SQL can tell from the stored text and BIGINT holds."""
+
+
+def spec_decode_counts(block: Any) -> tuple[int, int, int] | None:
+    """(draft tokens, accepted draft tokens, spec steps) of the `speculative_decoding` block of a call's
+    `request_metrics`, as vLLM sent it; None unless it holds all three as non-negative integers (booleans are not)."""
+    if not isinstance(block, dict):
+        return None
+    draft, accepted, steps = (_spec_count(block.get(key)) for key in SPEC_DECODE_KEYS)
+    if draft is None or accepted is None or steps is None:
+        return None
+    return draft, accepted, steps
+
+
+def _spec_count(value: Any) -> int | None:
+    return value if type(value) is int and 0 <= value < 10**SPEC_COUNT_DIGITS else None

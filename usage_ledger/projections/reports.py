@@ -83,6 +83,7 @@ def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str], sampl
             completed_calls=acc.calls - acc.failed - acc.incomplete,
             input_tokens=acc.input,
             output_tokens=acc.output,
+            spec_blocks=acc.spec_blocks(),
         ),
     )
 

@@ -7,6 +7,11 @@ figures are deltas over that window, summed pair by pair; a counter that goes do
 server restarted, and the pair across the restart is dropped (never a negative or merged delta).
 Gauge figures (KV cache, running, waiting) are over the samples inside the window.
 
+Speculative decoding prefers vLLM's per-request `speculative_decoding` blocks (recorded on each
+`call.finished`, kept in the calls read model) when every call of the run that completed has one:
+their sums are exactly this run's calls, where the counters also count whatever else the server
+served in the window. Otherwise, the counter deltas; `sources` says which.
+
 Reconciliation compares the window's deltas with the run's calls that completed: one engine
 request and one prompt per call. vLLM counts a call with `n` > 1 as n requests (the prompt n
 times) and an embeddings call with k inputs as k requests, so runs with such calls show a gap.
@@ -25,10 +30,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.ledger.events import ServerSampled, decode_event
 from usage_ledger.ledger.schema import events
 
-__all__ = ("Reconciliation", "ServerBlock", "load_samples", "samples_of_run", "server_block")
+__all__ = ("Reconciliation", "ServerBlock", "SpecBlocks", "load_samples", "samples_of_run", "server_block")
 
 _COUNTER_SOURCE = "vllm counter deltas over the run window ({} samples)"
 _GAUGE_SOURCE = "vllm gauges in {} samples inside the run window"
+_BLOCKS_SOURCE = "vllm per-request speculative_decoding blocks summed over {} calls"
+_SPEC_FIELDS = ("spec_decode_acceptance_rate", "spec_decode_mean_acceptance_length")
+
+
+class SpecBlocks(msgspec.Struct, frozen=True, kw_only=True):
+    """The per-request speculative-decoding counters summed over a run's completed calls, all of which had them."""
+
+    calls: int
+    draft_tokens: int
+    accepted_tokens: int
+    steps: int
 
 
 class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +116,54 @@ def _count(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
+def _mean_length(accepted: float | None, drafts: float | None) -> float | None:
+    """vLLM's mean acceptance length: the tokens a step yields, its own plus the accepted drafts."""
+    return 1 + accepted / drafts if accepted is not None and drafts else None
+
+
+def _window(
+    samples: Sequence[ServerSampled], started_at: datetime | None, ended_at: datetime | None
+) -> tuple[list[ServerSampled], list[ServerSampled], bool]:
+    """(window, the samples inside it, whether a sample brackets it on both sides); an empty window
+    when no sample brackets or falls inside the run."""
+    if started_at is None:
+        return [], [], False
+    end = ended_at or started_at
+    before = [s for s in samples if s.sampled_at <= started_at]
+    after = [s for s in samples if (s.requested_at or s.sampled_at) >= end]
+    inside = [s for s in samples if started_at < s.sampled_at and (s.requested_at or s.sampled_at) < end]
+    bracketed = bool(before and after)
+    if not inside and not bracketed:
+        return [], [], False
+    return before[-1:] + inside + after[:1], inside, bracketed
+
+
+def _blocks_only(spec: SpecBlocks) -> ServerBlock:
+    """A run with per-request blocks but no sample around it: their two figures, nothing else."""
+    source = _BLOCKS_SOURCE.format(spec.calls)
+    return ServerBlock(
+        spec_decode_acceptance_rate=_ratio(spec.accepted_tokens, spec.draft_tokens),
+        spec_decode_mean_acceptance_length=_mean_length(spec.accepted_tokens, spec.steps),
+        kv_cache_usage_max=None,
+        requests_running_mean=None,
+        requests_running_max=None,
+        requests_waiting_max=None,
+        preemptions=None,
+        prefix_cache_hit_rate=None,
+        server_prompt_tokens=None,
+        server_generation_tokens=None,
+        server_requests=None,
+        reconciled=None,
+        difference=None,
+        restarts=0,
+        config=None,
+        samples=0,
+        window_start=None,
+        window_end=None,
+        sources=dict.fromkeys(_SPEC_FIELDS, source),
+    )
+
+
 def server_block(
     samples: Sequence[ServerSampled],
     started_at: datetime | None,
@@ -108,18 +172,15 @@ def server_block(
     completed_calls: int,
     input_tokens: int,
     output_tokens: int,
+    spec_blocks: SpecBlocks | None = None,
 ) -> ServerBlock | None:
-    """The run's block, or None when no sample brackets or falls inside its window."""
-    if started_at is None:
-        return None
-    end = ended_at or started_at
-    before = [s for s in samples if s.sampled_at <= started_at]
-    after = [s for s in samples if (s.requested_at or s.sampled_at) >= end]
-    inside = [s for s in samples if started_at < s.sampled_at and (s.requested_at or s.sampled_at) < end]
-    window = before[-1:] + inside + after[:1]
-    if not window or (not inside and not (before and after)):
-        return None
-    bracketed = bool(before and after)
+    """The run's block; None when no sample brackets or falls inside its window and no per-request blocks exist.
+
+    With `spec_blocks` the two speculative-decoding figures are theirs, whatever the samples say.
+    """
+    window, inside, bracketed = _window(samples, started_at, ended_at)
+    if not window:
+        return _blocks_only(spec_blocks) if spec_blocks is not None else None
     deltas, restarts = _deltas(window) if bracketed else ({}, 0)
 
     def delta(name: str) -> float | None:
@@ -148,9 +209,13 @@ def server_block(
     configs = [s.config for s in samples if s.config is not None and s.sampled_at <= window[-1].sampled_at]
     counter_source = _COUNTER_SOURCE.format(len(window))
     gauge_source = _GAUGE_SOURCE.format(len(gauges))
+    spec_source = counter_source
+    if spec_blocks is not None:
+        spec_source = _BLOCKS_SOURCE.format(spec_blocks.calls)
+        accepted, draft_tokens, drafts = spec_blocks.accepted_tokens, spec_blocks.draft_tokens, spec_blocks.steps
     return ServerBlock(
         spec_decode_acceptance_rate=_ratio(accepted, draft_tokens),
-        spec_decode_mean_acceptance_length=1 + accepted / drafts if accepted is not None and drafts else None,
+        spec_decode_mean_acceptance_length=_mean_length(accepted, drafts),
         kv_cache_usage_max=max(kv) if kv else None,
         requests_running_mean=sum(running) / len(running) if running else None,
         requests_running_max=max(running) if running else None,
@@ -168,8 +233,8 @@ def server_block(
         window_start=window[0].sampled_at,
         window_end=window[-1].sampled_at,
         sources={
-            "spec_decode_acceptance_rate": counter_source,
-            "spec_decode_mean_acceptance_length": counter_source,
+            "spec_decode_acceptance_rate": spec_source,
+            "spec_decode_mean_acceptance_length": spec_source,
             "preemptions": counter_source,
             "prefix_cache_hit_rate": counter_source,
             "server_prompt_tokens": counter_source,

@@ -51,6 +51,10 @@ calls = Table(
     Column("input_tokens", BigInteger(), nullable=False),
     Column("output_tokens", BigInteger(), nullable=False),
     Column("cached_tokens", BigInteger(), nullable=True),
+    # vLLM's per-request speculative-decoding counters (`call_rules.spec_decode_counts`); all or none
+    Column("spec_draft_tokens", BigInteger(), nullable=True),
+    Column("spec_accepted_tokens", BigInteger(), nullable=True),
+    Column("spec_steps", BigInteger(), nullable=True),
     Column("prefill_tps", Float(), nullable=True),
     Column("decode_tps", Float(), nullable=True),
     Column("request_blob", String(64), nullable=True),
