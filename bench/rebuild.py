@@ -4,7 +4,9 @@
 
 Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
 unless the database already holds them (--keep reuses it); with `--gaps N` each call.finished names
-a blob of N chunk gaps (`chunk_gaps_blob`), appended with it as the gateway does. Then times:
+a blob of N chunk gaps (`chunk_gaps_blob`), appended with it as the gateway does; with `--spec-blocks`
+each carries vLLM's per-request `metrics` block with its `speculative_decoding` part (what
+`--enable-per-request-metrics --per-request-spec-decode-metrics summary` sends). Then times:
 
 - scan (iter_events): every event through the ledger's reader (what any consumer must pay);
 - scan (raw columns): SELECT position, type, payload over the whole table;
@@ -25,6 +27,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -43,7 +46,31 @@ from usage_ledger.projections.rebuild import rebuild_projection
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
 
-def _batch(first: int, count: int, gaps: int, compressor: BlobCompressor) -> tuple[list[NewEvent], list[PreparedBlob]]:
+def _request_metrics(i: int) -> dict[str, Any]:
+    """vLLM 0.32's per-request block of a 1,470-token MTP call (acceptance ≈ 50 %, 3 drafts a step)."""
+    steps = 700 + i % 50
+    accepted = 1_470 - steps
+    return {
+        "time_to_first_token_ms": 1_300.0 + i % 200,
+        "generation_time_ms": 22_500.0,
+        "queue_time_ms": 0.4,
+        "mean_itl_ms": 15.3,
+        "tokens_per_second": 61.2,
+        "speculative_decoding": {
+            "mean_acceptance_length": 1 + accepted / steps,
+            "draft_acceptance_rate": accepted / (3 * steps),
+            "acceptance_histogram": [steps // 3, steps // 3, steps // 6, steps - steps // 3 * 2 - steps // 6],
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": 3 * steps,
+            "num_spec_tokens": 3,
+        },
+    }
+
+
+def _batch(
+    first: int, count: int, gaps: int, spec_blocks: bool, compressor: BlobCompressor
+) -> tuple[list[NewEvent], list[PreparedBlob]]:
     out: list[NewEvent | tuple[int, NewEvent]] = []
     blobs: list[PreparedBlob] = []
     for i in range(first, first + count):
@@ -80,7 +107,13 @@ def _batch(first: int, count: int, gaps: int, compressor: BlobCompressor) -> tup
             blobs.append(prepared)
             gaps_blob = prepared.hash
         finish = CallFinished(
-            call_id=cid, status=200, usage=usage, usage_source="reported", timings=timings, chunk_gaps_blob=gaps_blob
+            call_id=cid,
+            status=200,
+            usage=usage,
+            usage_source="reported",
+            timings=timings,
+            chunk_gaps_blob=gaps_blob,
+            request_metrics=_request_metrics(i) if spec_blocks else None,
         )
         out.append(new_event(start, stream=f"call-{cid}", occurred_at=t0))
         out.append((i, new_event(finish, stream=f"call-{cid}", occurred_at=t1)))
@@ -104,6 +137,9 @@ async def main() -> None:
     parser.add_argument(
         "--gaps", type=int, default=0, help="chunk gaps in each call.finished's gap blob (a 1,470-chunk stream: 1469)"
     )
+    parser.add_argument(
+        "--spec-blocks", action="store_true", help="each call.finished carries vLLM's per-request block"
+    )
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -117,7 +153,7 @@ async def main() -> None:
         chunk = 10_000
         compressor = BlobCompressor()
         for first in range(head // 2, args.calls, chunk):
-            batch, blobs = _batch(first, min(chunk, args.calls - first), args.gaps, compressor)
+            batch, blobs = _batch(first, min(chunk, args.calls - first), args.gaps, args.spec_blocks, compressor)
             await append_events(database, batch, blobs)
         print(f"generated {2 * args.calls:,} events in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     async with database.engine.connect() as conn:
