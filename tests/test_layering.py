@@ -53,6 +53,23 @@ def test_imports_flow_one_way(package: str) -> None:
     assert violations == {}
 
 
+def _imports_argparse(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(alias.name == "argparse" for alias in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == "argparse":
+            return True
+    return False
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED.keys() - {"emulator"}))
+def test_the_command_line_lives_in_the_composition_root(package: str) -> None:
+    """`usage_ledger.commands` and `cli` own the CLI and its helpers; a layer has none (the emulator,
+    which runs alone as `python -m usage_ledger.emulator`, keeps its own)."""
+    parsing = [str(p.relative_to(PACKAGE)) for p in sorted((PACKAGE / package).rglob("*.py")) if _imports_argparse(p)]
+    assert parsing == []
+
+
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(

@@ -12,19 +12,23 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from litestar import Router
 from rich.console import Console
 
 from usage_ledger import replay as replay_commands
+from usage_ledger.commands import gateway as gateway_commands
+from usage_ledger.commands import ledger as ledger_commands
+from usage_ledger.commands import otel as otel_commands
+from usage_ledger.commands import projections as projections_commands
+from usage_ledger.commands import ui as ui_commands
+from usage_ledger.commands.support import run_command
 from usage_ledger.emulator import commands as emulator_commands
 from usage_ledger.followers import otel_follower_process, projections_follower_process
-from usage_ledger.gateway import commands as gateway_commands
-from usage_ledger.ledger import commands as ledger_commands
-from usage_ledger.ledger.cli_support import run_command
+from usage_ledger.gateway.serve import Background
+from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.version import VERSION
-from usage_ledger.otel import commands as otel_commands
-from usage_ledger.projections import commands as projections_commands
 from usage_ledger.projections.api import build_api_routers
-from usage_ledger.ui import commands as ui_commands
+from usage_ledger.settings import Settings
 from usage_ledger.ui.routers import build_ui_routers
 
 __all__ = ("build_parser", "main")
@@ -38,12 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
-    gateway_commands.register(
-        sub,
-        background=(projections_follower_process, otel_follower_process),
-        api=build_api_routers,
-        ui=build_ui_routers,
-    )
+    gateway_commands.register(sub, background=_serve_background, api=_read_api, ui=_dashboard)
     projections_commands.register(sub)
     emulator_commands.register(sub)
     ui_commands.register(sub)
@@ -51,6 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     replay_commands.register(sub)
     otel_commands.register(sub)
     return parser
+
+
+def _serve_background(settings: Settings) -> tuple[Background, ...]:
+    """The child processes `ledger serve` keeps beside the gateway: the projections, and the OTel export if asked."""
+    return (projections_follower_process, *((otel_follower_process,) if settings.otel.otel_export else ()))
+
+
+def _read_api(database: Database, settings: Settings) -> list[Router]:
+    return build_api_routers(database, settings.reports, admin_token=settings.gateway.admin_token)
+
+
+def _dashboard(database: Database, settings: Settings) -> list[Router]:
+    return build_ui_routers(database, settings.reports, admin_token=settings.gateway.admin_token)
 
 
 def _register_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

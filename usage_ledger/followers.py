@@ -17,7 +17,6 @@ import time
 import structlog
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import load_settings
 from usage_ledger.processes import stop_process
 
 __all__ = ("follower_process", "otel_follower_process", "projections_follower_process")
@@ -44,9 +43,8 @@ async def projections_follower_process(database: Database) -> None:
 
 
 async def otel_follower_process(database: Database) -> None:
-    """Run `ledger otel export --follow` beside the gateway, only when LEDGER_OTEL_EXPORT=1 (off by default)."""
-    if load_settings(os.environ).otel_export:
-        await follower_process(database, "otel", "export", "--follow")
+    """Run `ledger otel export --follow` beside the gateway (`ledger serve` starts it when LEDGER_OTEL_EXPORT=1)."""
+    await follower_process(database, "otel", "export", "--follow")
 
 
 async def follower_process(database: Database, *command: str) -> None:

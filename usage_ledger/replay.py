@@ -34,20 +34,20 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from usage_ledger.commands.support import add_db_option, open_checked, run_command
 from usage_ledger.gateway.headers import MAX_VALUE
 from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import RunAnnotated, new_event
 from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.settings import Settings, load_settings
 from usage_ledger.projections.callviews import calls_page
 from usage_ledger.projections.compare import compare_runs, render_comparison
 from usage_ledger.projections.engine import catch_up_all
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay
+from usage_ledger.settings import Settings, load_settings
 
 __all__ = ("ReplayOptions", "ReplayResult", "describe", "register", "replay_run")
 
@@ -126,15 +126,15 @@ async def replay_run(
 ) -> ReplayResult:
     """Replay `options.run` into a new run of `database`; `stop` ends it early (Ctrl-C)."""
     plan = await plan_replay(
-        database, options.run, limit=options.limit, model=options.model, run_gap_s=settings.run_gap_s
+        database, options.run, limit=options.limit, model=options.model, run_gap_s=settings.reports.run_gap_s
     )
     if not plan.requests:
         raise ConfigError(f"run {options.run!r}: nothing to replay, {_skips(plan.skipped, plan.calls)}")
-    new_run = await _new_run_name(database, options, settings.run_gap_s)
+    new_run = await _new_run_name(database, options, settings.reports.run_gap_s)
     concurrency = options.concurrency or plan.max_in_flight
     stop = stop or asyncio.Event()
-    gateway_settings = msgspec.structs.replace(settings, upstream=options.upstream)
-    async with recording_gateway(gateway_settings, database) as gateway:
+    gateway_settings = msgspec.structs.replace(settings.gateway, upstream=options.upstream)
+    async with recording_gateway(gateway_settings, settings.storage, database) as gateway:
         tally = await _drive(database, gateway, plan, new_run, concurrency, options.model, stop, console)
     if tally.sent:
         note = RunAnnotated(labels={REPLAY_LABEL: options.run}, run=new_run)
@@ -333,8 +333,11 @@ def _replay_command(args: argparse.Namespace) -> int:
         overrides = {"database_url": args.database_url, "spool_dir": args.spool_dir, "run_gap_s": args.run_gap_s}
         settings = load_settings(os.environ, {**overrides, "log_level": quiet})
         if args.spool_dir is None:  # beside, not inside, the spool a running `ledger serve` owns
-            settings = msgspec.structs.replace(settings, spool_dir=f"{settings.spool_dir.rstrip('/')}-replay")
-        configure_logging(settings.log_level, settings.log_format)
+            spool_dir = f"{settings.storage.spool_dir.rstrip('/')}-replay"
+            settings = msgspec.structs.replace(
+                settings, storage=msgspec.structs.replace(settings.storage, spool_dir=spool_dir)
+            )
+        configure_logging(settings.log.log_level, settings.log.log_format)
         console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
         database = await open_checked(settings)
         try:
@@ -342,7 +345,7 @@ def _replay_command(args: argparse.Namespace) -> int:
                 result = await replay_run(database, settings, options, console=Console(stderr=True), stop=stop)
             console.print(describe(result, options.upstream), markup=False, highlight=False)
             if result.sent:  # a stop before the first request leaves no run to compare
-                await print_comparison(database, [result.run, result.new_run], settings.run_gap_s, console)
+                await print_comparison(database, [result.run, result.new_run], settings.reports.run_gap_s, console)
         finally:
             await database.dispose()
         return INTERRUPTED if result.interrupted else 0

@@ -34,8 +34,9 @@ from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.settings import StorageSettings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter
@@ -53,10 +54,12 @@ class RecordingGateway(msgspec.Struct, frozen=True):
 
 
 @contextlib.asynccontextmanager
-async def recording_gateway(settings: Settings, database: Database) -> AsyncIterator[RecordingGateway]:
+async def recording_gateway(
+    settings: GatewaySettings, storage: StorageSettings, database: Database
+) -> AsyncIterator[RecordingGateway]:
     """A gateway in front of `settings.upstream`, writing into `database`, listening on 127.0.0.1."""
     settings = msgspec.structs.replace(settings, host="127.0.0.1", port=0)
-    writer = EventWriter(database, Spool(settings.spool_dir), batch_max_events=settings.batch_max_events)
+    writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
     async with writer:  # on exit the writer drains its queue: every call that finished is committed
         client = RawUpstream(settings)
         sampler = ServerSampler(settings, writer)  # a sample on each side of the new run, as `ledger serve`

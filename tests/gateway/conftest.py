@@ -12,10 +12,10 @@ import pytest
 from tests.gateway.live import live_gateway, serving
 from tests.gateway.upstream import FakeUpstream
 from usage_ledger.gateway.app import GatewayApp
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 
@@ -32,18 +32,18 @@ class Rig:
         return [stored.body() async for stored in iter_events(self.database)]
 
 
-def make_settings(**overrides: object) -> Settings:
-    """Settings for a test gateway; `live_gateway` sets `upstream` to the real upstream's address."""
-    return Settings(upstream="http://upstream.invalid", **overrides)  # type: ignore[arg-type]
+def make_settings(**overrides: object) -> GatewaySettings:
+    """GatewaySettings for a test gateway; `live_gateway` sets `upstream` to the real upstream's address."""
+    return GatewaySettings(upstream="http://upstream.invalid", **overrides)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-def settings() -> Settings:
+def settings() -> GatewaySettings:
     return make_settings()
 
 
 @pytest.fixture
-async def rig(database: Database, settings: Settings, tmp_path: Path) -> AsyncIterator[Rig]:
+async def rig(database: Database, settings: GatewaySettings, tmp_path: Path) -> AsyncIterator[Rig]:
     upstream = FakeUpstream()
     async with (
         serving(upstream) as upstream_url,

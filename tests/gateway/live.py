@@ -17,8 +17,8 @@ from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.writer import EventWriter
 
 __all__ = ("LiveGateway", "live_gateway", "serving")
@@ -46,13 +46,13 @@ class LiveGateway(msgspec.Struct, frozen=True):
     app: GatewayApp
     url: str
     """The gateway's base URL (`http://127.0.0.1:PORT`)."""
-    settings: Settings
+    settings: GatewaySettings
     """What it runs with: `upstream` is the real upstream's URL."""
 
 
 @contextlib.asynccontextmanager
 async def live_gateway(
-    settings: Settings, *, database: Database, writer: EventWriter, upstream: str, **create: Any
+    settings: GatewaySettings, *, database: Database, writer: EventWriter, upstream: str, **create: Any
 ) -> AsyncIterator[LiveGateway]:
     """`create_app` behind `HttpServer` on 127.0.0.1, forwarding to `upstream` (a URL) with `RawUpstream`.
 

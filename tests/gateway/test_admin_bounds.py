@@ -34,7 +34,7 @@ async def admin(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx
             database=database,
             writer=writer,
             upstream=upstream_url,
-            api_routers=build_api_routers(database, settings),
+            api_routers=build_api_routers(database, admin_token=settings.admin_token),
         ) as gateway,
         httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
     ):

@@ -20,6 +20,7 @@ from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.api import build_api_routers
 from usage_ledger.projections.filters import STATUS_PATTERN, WHEN_PATTERN
+from usage_ledger.projections.settings import ReportSettings
 
 AUTH = {"authorization": "Bearer s3cret"}
 API = "/_ledger/api"
@@ -30,14 +31,14 @@ async def client(database: Database, tmp_path: Path) -> AsyncIterator[httpx.Asyn
     """The admin app (what the gateway mounts under /_ledger/) with the read API over the `fit_seed`
     ledger, LEDGER_TZ=UTC."""
     await seed_fit_ledger(database)
-    settings = make_settings(admin_token="s3cret", tz="UTC")
+    settings = make_settings(admin_token="s3cret")
     async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
         app = create_admin_app(
             settings,
             database=database,
             writer=writer,
             metrics=Metrics(),
-            api_routers=build_api_routers(database, settings),
+            api_routers=build_api_routers(database, ReportSettings(tz="UTC"), admin_token=settings.admin_token),
         )
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]  # Litestar's ASGI types are narrower
         async with httpx.AsyncClient(transport=transport, base_url="http://gw.test") as http:

@@ -22,7 +22,7 @@ from usage_ledger.gateway.exchange import Exchange, Request
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 
 
 @contextlib.asynccontextmanager
@@ -157,7 +157,7 @@ def answering(raw: bytes):  # type: ignore[no-untyped-def]
 
 async def fetch(raw: bytes) -> tuple[int, bytes]:
     async with Server(answering(raw)) as server:
-        upstream = RawUpstream(Settings(upstream=server.url))
+        upstream = RawUpstream(GatewaySettings(upstream=server.url))
         try:
             response = await upstream.send("GET", "/", [], b"")
             return response.status, b"".join([c async for c in response.iter_raw()])

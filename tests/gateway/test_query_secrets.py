@@ -32,11 +32,11 @@ from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.secrets import is_secret_name, recorded_query
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFinished, CallStarted
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 
@@ -176,16 +176,16 @@ def test_the_fingerprint_names_its_kind_and_its_key() -> None:
 # -- the key file --------------------------------------------------------------------------------
 
 
-def _settings(tmp_path: Path, key_file: str | None = None) -> Settings:
-    return Settings(spool_dir=str(tmp_path / "spool"), fingerprint_key_file=key_file)
+def _key(tmp_path: Path, key_file: str | None = None) -> FingerprintKey:
+    return load_fingerprint_key(GatewaySettings(fingerprint_key_file=key_file), str(tmp_path / "spool"))
 
 
 def test_default_key_file_is_created_once_beside_the_spool(tmp_path: Path) -> None:
-    key = load_fingerprint_key(_settings(tmp_path))
+    key = _key(tmp_path)
     path = tmp_path / DEFAULT_KEY_FILE_NAME
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert re.fullmatch(rb"[0-9a-f]{64}\n", path.read_bytes())
-    again = load_fingerprint_key(_settings(tmp_path))
+    again = _key(tmp_path)
     assert again.key_id == key.key_id and again.fingerprint(b"k") == key.fingerprint(b"k")
     assert [p.name for p in tmp_path.iterdir()] == [DEFAULT_KEY_FILE_NAME]  # no temporary file left
 
@@ -196,7 +196,7 @@ def test_gateways_starting_at_once_agree_on_one_key(tmp_path: Path) -> None:
 
     def start() -> None:
         barrier.wait()
-        keys.append(load_fingerprint_key(_settings(tmp_path)))
+        keys.append(_key(tmp_path))
 
     threads = [threading.Thread(target=start) for _ in range(8)]
     for thread in threads:
@@ -211,10 +211,10 @@ def test_a_configured_key_file_is_read_not_created(tmp_path: Path) -> None:
     path = tmp_path / "shared.key"
     path.write_text(bytes(range(32)).hex().upper() + "\n")
     path.chmod(0o600)
-    assert load_fingerprint_key(_settings(tmp_path, str(path))).key_id == KEY.key_id
+    assert _key(tmp_path, str(path)).key_id == KEY.key_id
     missing = tmp_path / "mnt" / "nope.key"
     with pytest.raises(ConfigError, match=r"LEDGER_FINGERPRINT_KEY_FILE=.*nope\.key: no such file; create one"):
-        load_fingerprint_key(_settings(tmp_path, str(missing)))
+        _key(tmp_path, str(missing))
     assert not missing.parent.exists() and not (tmp_path / DEFAULT_KEY_FILE_NAME).exists()  # no fallback
 
 
@@ -230,10 +230,10 @@ def test_an_unusable_key_file_stops_the_start(tmp_path: Path, content: bytes | N
         path.write_bytes(content)
     for configured in (str(path), None):  # the default path is never overwritten either
         with pytest.raises(ConfigError, match=problem):
-            load_fingerprint_key(_settings(tmp_path, configured))
+            _key(tmp_path, configured)
     assert content is None or path.read_bytes() == content
     with pytest.raises(ConfigError, match="is empty"):
-        load_fingerprint_key(_settings(tmp_path, " "))
+        _key(tmp_path, " ")
 
 
 def test_a_key_file_others_can_read_is_reported(tmp_path: Path) -> None:
@@ -241,7 +241,7 @@ def test_a_key_file_others_can_read_is_reported(tmp_path: Path) -> None:
     path.write_text("ab" * 32)
     path.chmod(0o644)
     with structlog.testing.capture_logs() as logs:
-        load_fingerprint_key(_settings(tmp_path, str(path)))
+        _key(tmp_path, str(path))
     assert {"event": "fingerprint_key_file_readable_by_others", "mode": "0644"}.items() <= logs[0].items()
     assert "ab" * 32 not in repr(logs)
 
@@ -282,7 +282,7 @@ async def _recording_upstream() -> AsyncIterator[tuple[int, list[bytes]]]:
 async def test_stored_query_is_redacted_and_the_upstream_gets_it_unchanged(database: Database, tmp_path: Path) -> None:
     target = b"/v1/chat/completions?api-version=2024-06-01&api_key=sk-QUERY-s3cret&x=%41+b;sig=s1g&flag&key="
     async with _recording_upstream() as (upstream_port, lines):
-        settings = Settings(upstream=f"http://127.0.0.1:{upstream_port}")
+        settings = GatewaySettings(upstream=f"http://127.0.0.1:{upstream_port}")
         upstream = RawUpstream(settings)
         async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
             app = create_app(settings, database=database, writer=writer, upstream=upstream, fingerprint_key=KEY)

@@ -14,9 +14,9 @@ from tests.gateway.processes import free_port
 from tests.gateway.scripted import Request, Respond, Server
 from usage_ledger.gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
 from usage_ledger.gateway.rawclient import RawUpstream
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream_connection import HIGH_WATER
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import Settings
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
 SCENARIOS: list[Scenario] = []
@@ -28,8 +28,8 @@ def scenario(check: Scenario) -> Scenario:
     return check
 
 
-def settings(url: str, **overrides: object) -> Settings:
-    return Settings(upstream=url, **overrides)  # type: ignore[arg-type]
+def settings(url: str, **overrides: object) -> GatewaySettings:
+    return GatewaySettings(upstream=url, **overrides)  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager

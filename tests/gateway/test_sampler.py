@@ -13,8 +13,8 @@ import structlog
 
 from usage_ledger.gateway import sampler as sampler_module
 from usage_ledger.gateway.sampler import ServerSampler
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.events import NewEvent, ServerSampled
-from usage_ledger.ledger.settings import Settings
 
 METRICS = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm-0.32.0" / "spec_decode" / "metrics.txt").read_text()
 MODELS = b'{"object":"list","data":[{"id":"tiny","object":"model","root":"/models/tiny","max_model_len":1024}]}'
@@ -81,7 +81,7 @@ async def sampling(
 ) -> AsyncIterator[tuple[ServerSampler, Writer]]:
     writer = Writer()
     sampler = ServerSampler(
-        Settings(upstream=url, server_sample_s=interval_s, server_sample_timeout_s=timeout_s),
+        GatewaySettings(upstream=url, server_sample_s=interval_s, server_sample_timeout_s=timeout_s),
         writer,  # type: ignore[arg-type]
     )
     task = asyncio.create_task(sampler.run())
@@ -157,7 +157,7 @@ async def test_an_upstream_without_metrics_turns_sampling_off() -> None:
     upstream = Upstream([404])
     async with upstream as url:
         writer = Writer()
-        sampler = ServerSampler(Settings(upstream=url, server_sample_s=0.01), writer)  # type: ignore[arg-type]
+        sampler = ServerSampler(GatewaySettings(upstream=url, server_sample_s=0.01), writer)  # type: ignore[arg-type]
         async with asyncio.timeout(5):
             await sampler.run()  # returns by itself
     assert writer.events == [] and upstream.metrics_requests == 1
@@ -165,7 +165,7 @@ async def test_an_upstream_without_metrics_turns_sampling_off() -> None:
 
 async def test_zero_interval_is_off() -> None:
     writer = Writer()
-    sampler = ServerSampler(Settings(server_sample_s=0), writer)  # type: ignore[arg-type]
+    sampler = ServerSampler(GatewaySettings(server_sample_s=0), writer)  # type: ignore[arg-type]
     await sampler.run()
     sampler.call_started("a", "r")
     sampler.call_ended("a")

@@ -23,8 +23,8 @@ from usage_ledger.gateway.limits import MAX_HEAD_BYTES
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 
@@ -236,7 +236,7 @@ async def test_stalled_client_pauses_the_upstream_and_memory_stays_bounded() -> 
 
     upstream_server = await asyncio.start_server(upstream, "127.0.0.1", 0)
     upstream_port = upstream_server.sockets[0].getsockname()[1]
-    client = RawUpstream(Settings(upstream=f"http://127.0.0.1:{upstream_port}"))
+    client = RawUpstream(GatewaySettings(upstream=f"http://127.0.0.1:{upstream_port}"))
 
     async def relay(request: Request, exchange: Exchange) -> None:
         response = await client.send("GET", "/big", [], b"")

@@ -17,9 +17,11 @@ from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import HttpServer
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 
-FAST = replace(ServerLimits.from_settings(Settings()), head_timeout_s=0.3, body_timeout_s=0.3, keepalive_idle_s=0.3)
+FAST = replace(
+    ServerLimits.from_settings(GatewaySettings()), head_timeout_s=0.3, body_timeout_s=0.3, keepalive_idle_s=0.3
+)
 
 
 @asynccontextmanager

@@ -31,11 +31,11 @@ from tests.gateway.transcripts import (
     load_transcripts,
 )
 from tests.gateway.upstream import read_body
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFailed, CallFinished, Event
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 
@@ -130,9 +130,9 @@ async def database(tmp_path: Path) -> AsyncIterator[Database]:
 
 
 async def replay(
-    database: Database, tmp_path: Path, upstream: ReplayUpstream, settings: Settings | None = None
+    database: Database, tmp_path: Path, upstream: ReplayUpstream, settings: GatewaySettings | None = None
 ) -> tuple[httpx.Response, list[Event]]:
-    settings = settings or Settings(upstream="http://vllm.test")
+    settings = settings or GatewaySettings(upstream="http://vllm.test")
     t = upstream.transcript
     async with (
         serving(upstream) as upstream_url,
@@ -245,7 +245,7 @@ async def test_once_the_upstream_forces_usage_streams_are_no_longer_rewritten(
 ) -> None:
     transcript = BY_NAME["force_usage_metrics/chat_stream"]
     upstream = ReplayUpstream(transcript)
-    settings = Settings(upstream="http://vllm.test")
+    settings = GatewaySettings(upstream="http://vllm.test")
     async with (
         serving(upstream) as upstream_url,
         EventWriter(database, Spool(tmp_path / "spool")) as writer,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from tests.ledger.helpers import call_events
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import Settings, load_settings
 from usage_ledger.ledger.spool import Spool, SpoolRecord
+from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.settings import Settings, load_settings
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def ledger_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -67,12 +72,32 @@ def test_env_is_coerced_and_flags_win() -> None:
     settings = load_settings(
         {"LEDGER_PORT": "9000", "LEDGER_RUN_GAP_S": "60", "LEDGER_HOST": "0.0.0.0"}, {"port": 9100, "host": None}
     )
-    assert settings == Settings(port=9100, run_gap_s=60.0, host="0.0.0.0")
+    assert settings == Settings(
+        gateway=GatewaySettings(port=9100, host="0.0.0.0"), reports=ReportSettings(run_gap_s=60.0)
+    )
 
 
-def test_invalid_setting_value_is_reported() -> None:
-    with pytest.raises(ConfigError, match="invalid setting"):
+def test_invalid_setting_value_is_reported_by_its_variable() -> None:
+    with pytest.raises(ConfigError, match=r"invalid setting: .* at LEDGER_DURABILITY"):
         load_settings({"LEDGER_DURABILITY": "sometimes"})
+    with pytest.raises(ConfigError, match="Expected `int`, got `str` - at LEDGER_PORT"):
+        load_settings({}, {"port": "eighty"})
+
+
+def test_every_layer_owns_its_settings_and_the_variables_keep_their_names() -> None:
+    """Each section is one layer's own Struct; together they read the same `LEDGER_*` names as before."""
+    sections = {name: type(getattr(Settings(), name)).__module__ for name in Settings.__struct_fields__}
+    assert sections == {
+        "storage": "usage_ledger.ledger.settings",
+        "log": "usage_ledger.ledger.settings",
+        "gateway": "usage_ledger.gateway.settings",
+        "reports": "usage_ledger.projections.settings",
+        "otel": "usage_ledger.otel.settings",
+    }
+    fields = [f for name in Settings.__struct_fields__ for f in type(getattr(Settings(), name)).__struct_fields__]
+    assert len(fields) == len(set(fields)) == 34
+    documented = set(re.findall(r"`(LEDGER_[A-Z_]+)`", (REPO / "docs" / "configuration.md").read_text()))
+    assert {f"LEDGER_{f.upper()}" for f in fields} <= documented
 
 
 async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Path) -> None:
@@ -89,7 +114,7 @@ async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Pat
     await database.dispose()
     with pytest.raises(ConfigError, match="full or normal"):
         open_database("sqlite:///x.db", sqlite_synchronous="off")
-    assert load_settings({"LEDGER_SQLITE_SYNCHRONOUS": "normal"}).sqlite_synchronous == "normal"
+    assert load_settings({"LEDGER_SQLITE_SYNCHRONOUS": "normal"}).storage.sqlite_synchronous == "normal"
 
 
 def test_a_database_password_never_reaches_an_error_message() -> None:

@@ -18,7 +18,7 @@ from usage_ledger.ledger.checkpointer import Checkpointer, read_checkpoint_notes
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.settings import StorageSettings
 from usage_ledger.ledger.verify_ledger import verify_ledger
 
 
@@ -120,12 +120,12 @@ def test_settings_turn_it_on_and_a_bad_key_stops_the_start(tmp_path: Path) -> No
 
     database = open_database(f"sqlite:///{tmp_path / 'l.db'}")
     try:
-        assert Checkpointer.from_settings(Settings(), database) is None
+        assert Checkpointer.from_settings(StorageSettings(), database) is None
         write_key_files(generate_key("k"), tmp_path / "key")
-        on = Settings(checkpoint_key=str(tmp_path / "key"), checkpoint_dir=str(tmp_path / "cps"))
+        on = StorageSettings(checkpoint_key=str(tmp_path / "key"), checkpoint_dir=str(tmp_path / "cps"))
         checkpointer = Checkpointer.from_settings(on, database)
         assert checkpointer is not None and (tmp_path / "cps").is_dir()
         with pytest.raises(ConfigError, match="not a checkpoint key"):
-            Checkpointer.from_settings(Settings(checkpoint_key=str(tmp_path / "key.pub")), database)
+            Checkpointer.from_settings(StorageSettings(checkpoint_key=str(tmp_path / "key.pub")), database)
     finally:
         asyncio.run(database.dispose())

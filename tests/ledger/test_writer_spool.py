@@ -14,10 +14,10 @@ from structlog.testing import capture_logs
 from tests.ledger.helpers import call_events
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import SpoolWriteFailed
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool, SpoolRecord
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.ledger.writer import EventWriter
@@ -30,7 +30,7 @@ async def _stored_ids(database: Database) -> list[str]:
 
 
 async def _health(writer: EventWriter, database: Database) -> dict[str, object]:
-    app = create_admin_app(Settings(), database=database, writer=writer, metrics=Metrics())
+    app = create_admin_app(GatewaySettings(), database=database, writer=writer, metrics=Metrics())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
         response = await client.get("/_ledger/health")
     assert response.status_code == 200  # still serving: degraded, not dead

@@ -139,11 +139,14 @@ async def test_a_receiver_that_is_down_does_not_advance_the_checkpoint(
     assert await _checkpoint(database) == 0
 
 
-async def test_serve_does_not_export_unless_asked(database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
-    from usage_ledger.followers import otel_follower_process
+def test_serve_does_not_export_unless_asked() -> None:
+    from usage_ledger.cli import _serve_background
+    from usage_ledger.followers import otel_follower_process, projections_follower_process
+    from usage_ledger.settings import load_settings
 
-    monkeypatch.delenv("LEDGER_OTEL_EXPORT", raising=False)
-    await asyncio.wait_for(otel_follower_process(database), 1)  # returns at once: no child started
+    assert _serve_background(load_settings({})) == (projections_follower_process,)
+    asked = load_settings({"LEDGER_OTEL_EXPORT": "1"})
+    assert _serve_background(asked) == (projections_follower_process, otel_follower_process)
 
 
 def test_without_the_extra_the_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -28,11 +28,11 @@ from sqlalchemy import select
 from tests.gateway.live import live_gateway, serving
 from tests.gateway.wire import read_response
 from tests.projections.helpers import T0, append, at, finished
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, CallStarted, RunAnnotated, new_event
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import checkpoints
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.annotations import load_annotations
@@ -182,7 +182,9 @@ async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[int]:
     async with (
         serving(_Upstream()) as upstream_url,
         EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(Settings(max_body_bytes=1 << 20), database=database, writer=writer, upstream=upstream_url) as gw,
+        live_gateway(
+            GatewaySettings(max_body_bytes=1 << 20), database=database, writer=writer, upstream=upstream_url
+        ) as gw,
     ):
         yield int(gw.url.rsplit(":", 1)[1])
 

@@ -23,8 +23,8 @@ from tests.gateway.live import live_gateway, serving
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.importer import parse_file
@@ -140,7 +140,7 @@ LIMIT = 4096
 @pytest.fixture
 async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Capture]]:
     capture = Capture()
-    settings = Settings(max_body_bytes=LIMIT)
+    settings = GatewaySettings(max_body_bytes=LIMIT)
     async with (
         serving(capture) as upstream_url,
         EventWriter(database, Spool(tmp_path / "spool")) as writer,

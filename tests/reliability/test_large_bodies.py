@@ -26,7 +26,7 @@ from tests.gateway.processes import Process
 from tests.reliability.big_upstream import big_body, big_usage
 from tests.reliability.helpers import chat_body, read_blobs, read_ledger
 from tests.reliability.slow_clients import answer, stalled_body
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.processes import free_port
 
 pytestmark = pytest.mark.slow
@@ -38,7 +38,7 @@ STALLED = 12
 STALLED_BYTES = 30_000_000
 SLACK = 64 * MIB
 """Buffers (upstream high-water, transports), the allocator's slack, the writer's work: the documented margin."""
-DEFAULTS = Settings()
+DEFAULTS = GatewaySettings()
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,12 @@ from litestar.testing import AsyncTestClient
 from tests.ui.seed import DENSE_CALLS, MOE_CALLS, REQUEST_BODY, RESPONSE_BODY, seed_ledger
 from usage_ledger.gateway.app import create_app
 from usage_ledger.gateway.rawclient import RawUpstream
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.api import build_api_routers
 from usage_ledger.projections.reports import runs_report
+from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.ui.auth import COOKIE
 from usage_ledger.ui.routers import build_ui_routers, create_ui_app
 
@@ -27,7 +28,7 @@ async def seeded(database: Database) -> Database:
 
 
 async def test_the_endpoints_give_the_reports_figures(seeded: Database) -> None:
-    app = create_ui_app(seeded, Settings(), refresh=False)
+    app = create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)
     async with AsyncTestClient(app) as client:
         runs = (await client.get("/_ledger/ui/api/runs")).json()
         reported = await runs_report(seeded, refresh=False)
@@ -69,13 +70,13 @@ async def test_the_endpoints_give_the_reports_figures(seeded: Database) -> None:
     ],
 )
 async def test_the_call_filters(seeded: Database, params: dict[str, str], expected: int) -> None:
-    async with AsyncTestClient(create_ui_app(seeded, Settings(), refresh=False)) as client:
+    async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
         found = (await client.get("/_ledger/ui/api/calls", params=params)).json()
         assert found["total"] == expected == len(found["items"])
 
 
 async def test_bad_filters_answer_400_and_name_the_parameter(seeded: Database) -> None:
-    async with AsyncTestClient(create_ui_app(seeded, Settings(), refresh=False)) as client:
+    async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
         answer = await client.get("/_ledger/ui/api/calls", params={"since": "yesterday"})
         assert answer.status_code == 400 and "since" in answer.json()["detail"]
         page = await client.get("/_ledger/ui/calls", params={"status": "weird"})
@@ -83,7 +84,7 @@ async def test_bad_filters_answer_400_and_name_the_parameter(seeded: Database) -
 
 
 async def test_the_token_guards_pages_api_and_bodies(seeded: Database) -> None:
-    app = create_ui_app(seeded, Settings(admin_token=TOKEN), refresh=False)
+    app = create_ui_app(seeded, ReportSettings(), admin_token=TOKEN, refresh=False)
     async with AsyncTestClient(app) as client:
         assert (await client.get("/_ledger/ui/api/runs")).status_code == 401
         away = await client.get("/_ledger/ui/call?id=moe-a-0", follow_redirects=False)
@@ -113,7 +114,7 @@ async def test_the_token_guards_pages_api_and_bodies(seeded: Database) -> None:
 
 
 async def test_without_a_token_the_bodies_stay_hidden(seeded: Database) -> None:
-    async with AsyncTestClient(create_ui_app(seeded, Settings(), refresh=False)) as client:
+    async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
         detail = (await client.get("/_ledger/ui/api/call", params={"id": "moe-a-0"})).json()
         assert detail["bodies_shown"] is False and detail["request"] is None and detail["response"] is None
         page = await client.get("/_ledger/ui/call", params={"id": "moe-a-0"})
@@ -121,7 +122,7 @@ async def test_without_a_token_the_bodies_stay_hidden(seeded: Database) -> None:
 
 
 async def test_ledger_serve_mounts_the_dashboard_beside_the_admin_api(seeded: Database, tmp_path: object) -> None:
-    settings = Settings(admin_token=TOKEN, spool_dir=str(tmp_path))
+    settings = GatewaySettings(admin_token=TOKEN)
     writer = EventWriter(seeded, None)
     upstream = RawUpstream(settings)
     try:
@@ -130,8 +131,8 @@ async def test_ledger_serve_mounts_the_dashboard_beside_the_admin_api(seeded: Da
             database=seeded,
             writer=writer,
             upstream=upstream,
-            api_routers=build_api_routers(seeded, settings),
-            ui_routers=build_ui_routers(seeded, settings),
+            api_routers=build_api_routers(seeded, ReportSettings(), admin_token=TOKEN),
+            ui_routers=build_ui_routers(seeded, ReportSettings(), admin_token=TOKEN),
         )
         async with AsyncTestClient(app.admin) as client:
             bearer = {"Authorization": f"Bearer {TOKEN}"}
@@ -146,7 +147,7 @@ async def test_ledger_serve_mounts_the_dashboard_beside_the_admin_api(seeded: Da
 
 
 async def test_the_call_list_pages_with_a_total(seeded: Database) -> None:
-    async with AsyncTestClient(create_ui_app(seeded, Settings(), refresh=False)) as client:
+    async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
         page = (await client.get("/_ledger/ui/api/calls", params={"offset": 3, "limit": 3})).json()
         assert [c["call_id"] for c in page["items"]] == ["moe-a-3", "moe-a-4", "moe-a-5"]
         assert page["total"] == MOE_CALLS + DENSE_CALLS and page["next_offset"] == 6

@@ -7,7 +7,7 @@
     /_ledger/api/schema          the OpenAPI schema (…/schema/openapi.json)
 
 Everything but health needs `Authorization: Bearer $LEDGER_ADMIN_TOKEN` when the token is set.
-Handlers receive `database: Database` and `settings: Settings` as dependencies.
+Handlers receive `database: Database` and `settings: GatewaySettings` as dependencies.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from litestar.params import FromPath
 from sqlalchemy import select
 
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.writer import EventWriter
 
@@ -99,7 +99,7 @@ async def call_events(call_id: FromPath[str], database: NamedDependency[Database
 
 
 def create_admin_app(
-    settings: Settings,
+    settings: GatewaySettings,
     *,
     database: Database,
     writer: EventWriter,

@@ -18,8 +18,8 @@ from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.proxy import Proxy
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.recorder import Recorder
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.writer import EventWriter
 
 __all__ = ("GatewayApp", "create_app", "is_admin_path")
@@ -49,7 +49,7 @@ class GatewayApp:
 
 
 def create_app(
-    settings: Settings,
+    settings: GatewaySettings,
     *,
     database: Database,
     writer: EventWriter,

@@ -8,7 +8,7 @@ hash of the key, not of any secret) says which key made a fingerprint, so finger
 keys are never mistaken for two different secrets. Events written before this carry the old
 `sha256:<12 hex>` (a public constant key): they stay as they are.
 
-    load_fingerprint_key(settings)
+    load_fingerprint_key(settings, spool_dir)
       LEDGER_FINGERPRINT_KEY_FILE set   → read it; missing, unreadable or malformed: ConfigError (exit 2)
       unset → <parent of LEDGER_SPOOL_DIR>/ledger-fingerprint.key, created (mode 0600) on first start
 
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import structlog
 
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import Settings
 
 __all__ = ("DEFAULT_KEY_FILE_NAME", "FINGERPRINT_PREFIX", "FingerprintKey", "key_file_path", "load_fingerprint_key")
 
@@ -70,18 +70,18 @@ class FingerprintKey:
         return f"{FINGERPRINT_PREFIX}{self.key_id}:{mac.hexdigest()[:16]}"
 
 
-def key_file_path(settings: Settings) -> tuple[Path, bool]:
+def key_file_path(settings: GatewaySettings, spool_dir: str) -> tuple[Path, bool]:
     """The key file, and whether it was configured (else the default beside the spool directory)."""
     if settings.fingerprint_key_file is not None:
         if not settings.fingerprint_key_file.strip():
             raise ConfigError("LEDGER_FINGERPRINT_KEY_FILE is empty: give the key file's path, or unset it")
         return Path(settings.fingerprint_key_file), True
-    return Path(settings.spool_dir).absolute().parent / DEFAULT_KEY_FILE_NAME, False
+    return Path(spool_dir).absolute().parent / DEFAULT_KEY_FILE_NAME, False
 
 
-def load_fingerprint_key(settings: Settings) -> FingerprintKey:
+def load_fingerprint_key(settings: GatewaySettings, spool_dir: str) -> FingerprintKey:
     """Read (or, at the default path, create on first start) the installation's key; ConfigError if unusable."""
-    path, configured = key_file_path(settings)
+    path, configured = key_file_path(settings, spool_dir)
     try:
         text = path.read_bytes()
     except FileNotFoundError:

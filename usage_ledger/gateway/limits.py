@@ -13,7 +13,7 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 
 __all__ = ("FD_RESERVE", "LINGERING_MAX", "MAX_HEAD_BYTES", "ByteBudget", "ServerLimits", "derived_max_connections")
 
@@ -38,7 +38,7 @@ def derived_max_connections(upstream_max_connections: int, fd_limit: int | None 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """The limits `gateway.server.HttpServer` enforces (defaults: `Settings`' ones)."""
+    """The limits `gateway.server.HttpServer` enforces (defaults: `GatewaySettings`' ones)."""
 
     max_body_bytes: int
     head_timeout_s: float
@@ -53,7 +53,7 @@ class ServerLimits:
     """Request-body bytes held by all connections at once; a request that would exceed it gets a 503."""
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ServerLimits:
+    def from_settings(cls, settings: GatewaySettings) -> ServerLimits:
         cap = settings.max_connections or derived_max_connections(settings.upstream_max_connections)
         return cls(
             max_body_bytes=settings.max_body_bytes,

@@ -25,7 +25,7 @@ from usage_ledger.gateway.limits import ByteBudget
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.recorder import Recorder
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 
 __all__ = ("AbortResponse", "Proxy")
 
@@ -35,7 +35,7 @@ class Proxy:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: GatewaySettings,
         upstream: RawUpstream,
         recorder: Recorder,
         metrics: Metrics,

@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 
 from usage_ledger.gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
 from usage_ledger.gateway.headers import Header
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream_connection import UpstreamConnection
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import Settings
 
 __all__ = ("KEEPALIVE_EXPIRY_S", "RawResponse", "RawUpstream", "tls_context")
 
@@ -41,7 +41,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
-def tls_context(settings: Settings) -> ssl.SSLContext:
+def tls_context(settings: GatewaySettings) -> ssl.SSLContext:
     """Verifying TLS for an `https://` upstream: the system's CAs, or only those of `upstream_ca_file`."""
     try:
         context = ssl.create_default_context(cafile=settings.upstream_ca_file)
@@ -54,7 +54,7 @@ def tls_context(settings: Settings) -> ssl.SSLContext:
 class UpstreamPool:
     """Keep-alive connections to one upstream: LIFO reuse, at most `max_connections` open."""
 
-    def __init__(self, host: str, port: int, settings: Settings, tls: ssl.SSLContext | None) -> None:
+    def __init__(self, host: str, port: int, settings: GatewaySettings, tls: ssl.SSLContext | None) -> None:
         self.loop = asyncio.get_running_loop()
         self.host = host
         self.port = port
@@ -224,7 +224,7 @@ class RawResponse:
 class RawUpstream:
     """The client of the one upstream (`settings.upstream`). Build inside the running loop; `aclose` closes the pool."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: GatewaySettings) -> None:
         url = urlsplit(settings.upstream)
         if url.scheme not in _DEFAULT_PORTS or not url.hostname:
             raise ConfigError(f"LEDGER_UPSTREAM must be an http:// or https:// URL, not {settings.upstream!r}")

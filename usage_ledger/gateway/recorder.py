@@ -25,8 +25,8 @@ from typing import Protocol
 import structlog
 
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.settings import Durability
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, new_event
-from usage_ledger.ledger.settings import Durability
 from usage_ledger.ledger.writer import Durable, EventWriter
 
 __all__ = ("CallWatcher", "NotRecorded", "Recorder", "new_call_id")

@@ -20,9 +20,9 @@ import msgspec
 import structlog
 
 from usage_ledger.gateway.rawclient import tls_context
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream_metrics import MetricsUnreadable, parse_metrics
 from usage_ledger.ledger.events import SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.ledger.writer import Durable, EventWriter
 
 __all__ = ("RUN_END_DELAY_S", "SERVER_STREAM", "ServerSampler")
@@ -46,7 +46,7 @@ def _without_credentials(url: str) -> str:
 class ServerSampler:
     """Samples one upstream; `call_started` / `call_ended` (from the recorder) mark run boundaries."""
 
-    def __init__(self, settings: Settings, writer: EventWriter) -> None:
+    def __init__(self, settings: GatewaySettings, writer: EventWriter) -> None:
         self.base = settings.upstream.rstrip("/")
         self.upstream = _without_credentials(settings.upstream)
         self.interval_s = settings.server_sample_s

@@ -1,8 +1,8 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
-    serve(settings)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
+    serve(settings, storage)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
                                         (RawUpstream: http:// and verified https://)
-                     └ background tasks (e.g. a projection follower), woken after every commit
+                     └ background tasks (the projections follower and the OTel export, child processes)
                      └ HttpServer (gateway.server: asyncio protocol, httptools, uvloop), listening socket
                        with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
 
@@ -29,12 +29,13 @@ from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.checkpointer import Checkpointer
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.migrate import require_head
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.settings import StorageSettings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter
@@ -42,7 +43,7 @@ from usage_ledger.ledger.writer import EventWriter
 __all__ = ("ApiFactory", "Background", "bind_socket", "serve")
 
 Background = Callable[[Database], Coroutine[Any, Any, None]]
-ApiFactory = Callable[[Database, Settings], Sequence[Router]]
+ApiFactory = Callable[[Database], Sequence[Router]]
 log = structlog.get_logger("gateway.serve")
 
 
@@ -66,7 +67,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(
-    settings: Settings,
+    settings: GatewaySettings,
+    storage: StorageSettings,
     *,
     background: Sequence[Background] = (),
     api: ApiFactory | None = None,
@@ -74,15 +76,17 @@ async def serve(
 ) -> None:
     """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open,
     `ui` the dashboard's routers (mounted under `/_ledger/ui/`)."""
-    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
     try:
         try:
             await require_head(database)
         except DatabaseUnavailable as exc:
-            log.warning("database_unavailable_at_start", error=str(exc), spool=settings.spool_dir)
-        fingerprint_key = load_fingerprint_key(settings)  # an unusable key file stops the start (exit 2)
-        checkpointer = Checkpointer.from_settings(settings, database)  # None unless LEDGER_CHECKPOINT_KEY is set
-        writer = EventWriter(database, Spool(settings.spool_dir), batch_max_events=settings.batch_max_events)
+            log.warning("database_unavailable_at_start", error=str(exc), spool=storage.spool_dir)
+        fingerprint_key = load_fingerprint_key(
+            settings, storage.spool_dir
+        )  # an unusable key file stops the start (exit 2)
+        checkpointer = Checkpointer.from_settings(storage, database)  # None unless LEDGER_CHECKPOINT_KEY is set
+        writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
         async with writer:
             if checkpointer is not None:
                 checkpointer.start()
@@ -91,7 +95,7 @@ async def serve(
             sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
             tasks.append(asyncio.create_task(sampler.run(), name="server-sampler"))
             try:
-                routers = api(database, settings) if api is not None else ()
+                routers = api(database) if api is not None else ()
                 app = create_app(
                     settings,
                     database=database,
@@ -99,7 +103,7 @@ async def serve(
                     upstream=client,
                     api_routers=routers,
                     fingerprint_key=fingerprint_key,
-                    ui_routers=ui(database, settings) if ui is not None else (),
+                    ui_routers=ui(database) if ui is not None else (),
                 )
                 app.proxy.recorder.watcher = sampler
                 await wait_up_to(sampler.ready.wait(), settings.server_sample_timeout_s + 1)
@@ -120,7 +124,7 @@ async def serve(
         await database.dispose()
 
 
-async def _run_server(app: GatewayApp, settings: Settings) -> None:
+async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
     sock = bind_socket(settings.host, settings.port)
     server = HttpServer(app.handle, limits=ServerLimits.from_settings(settings), metrics=app.metrics)
     await server.start(sock)

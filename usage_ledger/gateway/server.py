@@ -34,7 +34,7 @@ from usage_ledger.gateway.exchange import Request
 from usage_ledger.gateway.limits import ByteBudget, ServerLimits
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.server_connection import Handler, HttpConnection
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.waiting import wait_up_to
 
 __all__ = ("HttpServer",)
@@ -54,7 +54,7 @@ class HttpServer:
         self.loop = asyncio.get_running_loop()
         self.handler = handler
         if limits is None:
-            settings = Settings() if max_body_bytes is None else Settings(max_body_bytes=max_body_bytes)
+            settings = GatewaySettings() if max_body_bytes is None else GatewaySettings(max_body_bytes=max_body_bytes)
             limits = ServerLimits.from_settings(settings)
         self.limits = limits
         self.metrics = metrics or Metrics()

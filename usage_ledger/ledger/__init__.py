@@ -18,7 +18,7 @@ from usage_ledger.ledger.errors import (
 )
 from usage_ledger.ledger.migrate import require_head, upgrade_database
 from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, iter_events, read_events
-from usage_ledger.ledger.settings import Settings, load_settings
+from usage_ledger.ledger.settings import LogSettings, StorageSettings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.verify import ChainReport, verify_chain
 from usage_ledger.ledger.writer import EventWriter, replay_spool
@@ -32,17 +32,17 @@ __all__ = (
     "DatabaseUnavailable",
     "EventWriter",
     "LedgerError",
+    "LogSettings",
     "SchemaError",
-    "Settings",
     "Spool",
     "SpoolCorrupt",
+    "StorageSettings",
     "StoredEvent",
     "append_events",
     "blob_hash",
     "follow_events",
     "head_position",
     "iter_events",
-    "load_settings",
     "open_database",
     "read_blob",
     "read_events",

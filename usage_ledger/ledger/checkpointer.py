@@ -40,7 +40,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.ledger.settings import StorageSettings
 from usage_ledger.ledger.verify_ledger import ledger_origin
 from usage_ledger.ledger.waiting import wait_up_to
 
@@ -119,7 +119,7 @@ class Checkpointer:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings, database: Database) -> Checkpointer | None:
+    def from_settings(cls, settings: StorageSettings, database: Database) -> Checkpointer | None:
         """None when no key is set; a bad key or directory fails start-up (ConfigError)."""
         if not settings.checkpoint_key:
             return None

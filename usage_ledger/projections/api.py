@@ -25,13 +25,13 @@ from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.callviews import calls_page, get_call
 from usage_ledger.projections.errors import NotFound, ProjectionError
 from usage_ledger.projections.filters import CALL_STATUSES, STATUS_PATTERN, WHEN_PATTERN, CallFilter, parse_filter
 from usage_ledger.projections.formulas import FORMULAS
 from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
+from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.projections.text import projection_text_or_none
 
 __all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers")
@@ -75,12 +75,14 @@ def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]
     return Response({"status_code": status, "detail": str(exc)}, status_code=status)
 
 
-def build_api_routers(database: Database, settings: Settings | None = None) -> list[Router]:
-    """Routers for the projections read API, bound to `database`."""
-    settings = settings or Settings()
+def build_api_routers(
+    database: Database, settings: ReportSettings | None = None, *, admin_token: str | None = None
+) -> list[Router]:
+    """Routers for the projections read API, bound to `database` (behind the gateway's guard of `admin_token`)."""
+    settings = settings or ReportSettings()
     gap = settings.run_gap_s
     # the gateway's guard answers 401 on these routes when a token is set: the schema says so
-    guarded: list[type[HTTPException]] = [NotAuthorizedException] if settings.admin_token else []
+    guarded: list[type[HTTPException]] = [NotAuthorizedException] if admin_token else []
     may_miss = [*guarded, NotFoundException]
 
     def selected(

@@ -1,4 +1,4 @@
-"""How the dashboard reads: the database, the settings, and whether it brings the projections up to date.
+"""How the dashboard reads: the database, the report settings and the admin token, and whether it brings the projections up to date.
 
 Inside `ledger serve` a follower process keeps the projections current, so the dashboard never
 catches up itself (a catch-up on the gateway's loop stalls the proxy: usage_ledger/followers.py).
@@ -12,18 +12,26 @@ import asyncio
 import time
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.engine import catch_up_all
+from usage_ledger.projections.settings import ReportSettings
 
 __all__ = ("Reader",)
 
 
 class Reader:
     def __init__(
-        self, database: Database, settings: Settings, *, refresh: bool = False, refresh_every_s: float = 2.0
+        self,
+        database: Database,
+        settings: ReportSettings,
+        *,
+        admin_token: str | None = None,
+        refresh: bool = False,
+        refresh_every_s: float = 2.0,
     ) -> None:
         self.database = database
         self.settings = settings
+        self.admin_token = admin_token
+        """The gateway's token (`LEDGER_ADMIN_TOKEN`): the dashboard asks for it when set."""
         self.refresh = refresh
         self.refresh_every_s = refresh_every_s
         self._lock = asyncio.Lock()

@@ -1,7 +1,7 @@
 """The dashboard as Litestar routers under `/_ledger/ui/`: pages, the token form, JSON endpoints
 (`/_ledger/ui/api/…`) and the static files (app.js, style.css, the vendored uPlot).
 
-`build_ui_routers(database, settings)` is what `ledger serve` adds to its admin app (the
+`build_ui_routers(database, settings, admin_token=…)` is what `ledger serve` adds to its admin app (the
 composition root hands it to the gateway, which never imports this package); `create_ui_app`
 is the same routers alone, for `ledger ui`.
 """
@@ -18,7 +18,7 @@ from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import Settings
+from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.ui.api import api_router
 from usage_ledger.ui.auth import UI_PREFIX, UiAuth
 from usage_ledger.ui.pages import pages_router
@@ -29,9 +29,8 @@ __all__ = ("build_ui_routers", "create_ui_app")
 
 
 def _routers(reader: Reader, *, standalone: bool) -> list[Router]:
-    settings = reader.settings
-    renderer = Renderer(tz=settings.tz, auth_enabled=settings.admin_token is not None, standalone=standalone)
-    auth = UiAuth(settings.admin_token, renderer)
+    renderer = Renderer(tz=reader.settings.tz, auth_enabled=reader.admin_token is not None, standalone=standalone)
+    auth = UiAuth(reader.admin_token, renderer)
     static = create_static_files_router(path="/static", directories=[STATIC_DIR], name="ledger-ui-static")
     ui = Router(
         path=UI_PREFIX,
@@ -40,20 +39,22 @@ def _routers(reader: Reader, *, standalone: bool) -> list[Router]:
     return [ui]
 
 
-def build_ui_routers(database: Database, settings: Settings) -> list[Router]:
+def build_ui_routers(database: Database, settings: ReportSettings, *, admin_token: str | None) -> list[Router]:
     """The dashboard inside `ledger serve`: its follower keeps the projections current, so no catch-up here."""
-    return _routers(Reader(database, settings, refresh=False), standalone=False)
+    return _routers(Reader(database, settings, admin_token=admin_token, refresh=False), standalone=False)
 
 
-def create_ui_app(database: Database, settings: Settings, *, refresh: bool = True) -> Litestar:
+def create_ui_app(
+    database: Database, settings: ReportSettings, *, admin_token: str | None, refresh: bool = True
+) -> Litestar:
     """The dashboard alone (`ledger ui`): reads the ledger, appends nothing to it (`refresh`: catches the projections up)."""
-    reader = Reader(database, settings, refresh=refresh)
+    reader = Reader(database, settings, admin_token=admin_token, refresh=refresh)
 
     @get("/", include_in_schema=False, sync_to_thread=False)
     def home() -> Redirect:
         return Redirect(f"{UI_PREFIX}/")
 
-    auth = UiAuth(settings.admin_token, Renderer(tz=settings.tz, auth_enabled=False, standalone=True))
+    auth = UiAuth(admin_token, Renderer(tz=settings.tz, auth_enabled=False, standalone=True))
     openapi = OpenAPIConfig(
         title="usage-ledger dashboard API",
         version="1",
@@ -63,7 +64,7 @@ def create_ui_app(database: Database, settings: Settings, *, refresh: bool = Tru
             path=f"{UI_PREFIX}/api/schema", route_handlers=[], guards=[auth.guard], include_in_schema=False
         ),
         components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
-        security=[{"bearer": []}] if settings.admin_token else None,
+        security=[{"bearer": []}] if admin_token else None,
     )
     handlers: list[Any] = [home, *_routers(reader, standalone=True)]
     return Litestar(route_handlers=handlers, openapi_config=openapi, debug=False, logging_config=None)

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from usage_ledger.ledger.settings import Settings
 from usage_ledger.projections.compare import Comparison, compare_runs, metric_values
 
 # eras_report catches up first (no `refresh`): inside `ledger serve` that would run on the gateway's loop,
@@ -19,6 +18,7 @@ from usage_ledger.projections.eras import _group as group_of
 from usage_ledger.projections.formulas import FORMULAS
 from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallView, DailyRow, RunRow, TickerRow, WeekdayRow
+from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.ui.queries import run_calls, run_samples
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.series import (
@@ -157,7 +157,7 @@ async def run_view(reader: Reader, run: str, *, formula: str | None = None) -> R
 
 async def eras_view(reader: Reader, *, by: str | None = None, kind: str | None = None) -> ErasView:
     database = await reader.ready()
-    settings: Settings = reader.settings
+    settings: ReportSettings = reader.settings
     zone = parse_zone(settings.tz)
     eras: dict[str, list[EraRow]] = {}
     names: list[str] = []

@@ -13,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.agreement import Agreement, agreement_report
@@ -54,7 +54,7 @@ def agreement_command(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log.log_level, settings.log.log_format)
         database: Database | None = None if args.labels_file else await open_checked(settings)
         try:
             result = await agreement_report(
@@ -68,7 +68,7 @@ def agreement_command(args: argparse.Namespace) -> int:
                 scale=args.scale,
                 outcomes_file=Path(args.outcomes_file) if args.outcomes_file else None,
                 outcome_column=args.outcome_column,
-                run_gap_s=settings.run_gap_s,
+                run_gap_s=settings.reports.run_gap_s,
             )
         finally:
             if database is not None:

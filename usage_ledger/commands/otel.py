@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 
 __all__ = ("register",)
 

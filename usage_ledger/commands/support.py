@@ -13,7 +13,7 @@ from typing import Any
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.migrate import require_head
-from usage_ledger.ledger.settings import Settings, load_settings
+from usage_ledger.settings import Settings, load_settings
 
 __all__ = ("add_db_option", "open_checked", "run_command", "settings_from_args")
 
@@ -41,7 +41,8 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 async def open_checked(settings: Settings) -> Database:
     """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
-    database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+    storage = settings.storage
+    database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
     try:
         await require_head(database)
     except BaseException:

@@ -1,4 +1,4 @@
-"""`ledger serve`, contributed by the gateway package (no logic beyond parsing and running)."""
+"""`ledger serve`: the gateway, given its settings and what the other packages add to it (parsing and running only)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,29 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from usage_ledger.gateway.serve import ApiFactory, Background, serve
+from litestar import Router
+
+from usage_ledger.gateway.serve import Background, serve
+from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.settings import load_settings
+from usage_ledger.settings import Settings, load_settings
 
 __all__ = ("register",)
+
+BackgroundFactory = Callable[[Settings], Sequence[Background]]
+RoutersFactory = Callable[[Database, Settings], Sequence[Router]]
 
 
 def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     *,
-    background: Sequence[Background] = (),
-    api: ApiFactory | None = None,
-    ui: ApiFactory | None = None,
+    background: BackgroundFactory | None = None,
+    api: RoutersFactory | None = None,
+    ui: RoutersFactory | None = None,
 ) -> None:
-    """Add `ledger serve`; `background` coroutines run for the server's life, woken after each commit;
-    `api` adds read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`."""
+    """Add `ledger serve`; `background` gives the coroutines that run for the server's life (by the
+    settings), `api` the read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`."""
     parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
     parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -44,12 +50,15 @@ def register(
             "once elsewhere, e.g. beside several replicas)",
         )
     parser.set_defaults(
-        func=lambda args: _serve(args, () if getattr(args, "no_background", False) else background, api, ui)
+        func=lambda args: _serve(args, None if getattr(args, "no_background", False) else background, api, ui)
     )
 
 
 def _serve(
-    args: argparse.Namespace, background: Sequence[Background], api: ApiFactory | None, ui: ApiFactory | None = None
+    args: argparse.Namespace,
+    background: BackgroundFactory | None,
+    api: RoutersFactory | None,
+    ui: RoutersFactory | None,
 ) -> int:
     names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
     try:
@@ -57,16 +66,26 @@ def _serve(
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log.log_level, settings.log.log_format)
     signal.signal(signal.SIGTERM, _terminate)
+    running = serve(
+        settings.gateway,
+        settings.storage,
+        background=background(settings) if background is not None else (),
+        api=(lambda database: api(database, settings)) if api is not None else None,
+        ui=(lambda database: ui(database, settings)) if ui is not None else None,
+    )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(serve(settings, background=background, api=api, ui=ui))
+            runner.run(running)
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"ledger: error: cannot listen on {settings.host}:{settings.port}: {exc.strerror}", file=sys.stderr)
+        print(
+            f"ledger: error: cannot listen on {settings.gateway.host}:{settings.gateway.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

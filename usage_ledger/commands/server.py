@@ -7,9 +7,9 @@ import sys
 
 import msgspec
 
-from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.output import print_rows
+from usage_ledger.commands.support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections._output import print_rows
 from usage_ledger.projections.audit import audit_run
 from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.rows import RunRow
@@ -61,10 +61,10 @@ def reconcile_command(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log.log_level, settings.log.log_format)
         database = await open_checked(settings)
         try:
-            runs = await runs_report(database, run=args.run, run_gap_s=settings.run_gap_s)
+            runs = await runs_report(database, run=args.run, run_gap_s=settings.reports.run_gap_s)
         finally:
             await database.dispose()
         rows = [_row(r) for r in runs]
@@ -83,10 +83,10 @@ def audit_command(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log.log_level, settings.log.log_format)
         database = await open_checked(settings)
         try:
-            report = await audit_run(database, args.run, against=args.against, run_gap_s=settings.run_gap_s)
+            report = await audit_run(database, args.run, against=args.against, run_gap_s=settings.reports.run_gap_s)
         finally:
             await database.dispose()
         if args.output_format == "json":

@@ -1,4 +1,4 @@
-"""`ledger` subcommands of the ledger package: db (`db_commands`), verify, keygen, checkpoint, events tail,
+"""`ledger` subcommands of the ledger package: db (`commands.db`), verify, keygen, checkpoint, events tail,
 spool replay, redact."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from usage_ledger.commands.db import register_db
+from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 from usage_ledger.ledger.append import append_events, translate_db_error
 from usage_ledger.ledger.blobs import blob_redacted_at, redact_blob
 from usage_ledger.ledger.checkpoint import (
@@ -22,8 +24,6 @@ from usage_ledger.ledger.checkpoint import (
     write_key_files,
 )
 from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
-from usage_ledger.ledger.cli_support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger.db_commands import register_db
 from usage_ledger.ledger.errors import BlobNotFound, ConfigError, LedgerError
 from usage_ledger.ledger.events import BlobRedacted, new_event
 from usage_ledger.ledger.read import follow_events, iter_events
@@ -120,7 +120,7 @@ def _verify(args: argparse.Namespace) -> int:
                 expect_head=anchor,
                 checkpoints=notes,
                 verifier=verifier,
-                origin=settings.checkpoint_origin,
+                origin=settings.storage.checkpoint_origin,
                 clock_skew=timedelta(seconds=args.clock_skew_s),
             )
         except LedgerError:
@@ -178,7 +178,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
         try:
             conn = await snapshot(database)
             try:
-                report, checkpoint = await chain_head(conn, settings.checkpoint_origin)
+                report, checkpoint = await chain_head(conn, settings.storage.checkpoint_origin)
             finally:
                 await conn.close()
         except LedgerError:
@@ -235,7 +235,7 @@ def _spool_replay(args: argparse.Namespace) -> int:
         settings = settings_from_args(args, "spool_dir")
         database = await open_checked(settings)
         try:
-            with Spool(settings.spool_dir) as spool:
+            with Spool(settings.storage.spool_dir) as spool:
                 appended, duplicates = await replay_spool(database, spool)
         finally:
             await database.dispose()

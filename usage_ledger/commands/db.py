@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.ledger.cli_support import add_db_option, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.log import configure_logging
@@ -44,8 +44,8 @@ def register_db(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _db_upgrade(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
-        configure_logging(settings.log_level, settings.log_format)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
         try:
             await upgrade_database(database)
         finally:
@@ -59,7 +59,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 def _db_current(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
         try:
             revision = await current_revision(database)
         finally:
@@ -86,8 +86,8 @@ def _db_history(_: argparse.Namespace) -> int:
 def _db_downgrade(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args)
-        configure_logging(settings.log_level, settings.log_format)
-        database = open_database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
         try:
             if not database_exists(database):
                 raise ConfigError(f"no ledger database at {database.safe_url}: nothing to downgrade")

@@ -6,8 +6,8 @@ import argparse
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from usage_ledger.commands.output import parse_columns
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.projections._output import parse_columns
 from usage_ledger.projections.filters import CallFilter, parse_filter
 from usage_ledger.projections.rows import CallsPage
 

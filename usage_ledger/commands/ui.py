@@ -13,7 +13,7 @@ from pathlib import Path
 import uvicorn
 from sqlalchemy.engine import make_url
 
-from usage_ledger.ledger.cli_support import add_db_option, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.log import configure_logging
@@ -49,20 +49,29 @@ def _missing_sqlite_file(url: str) -> Path | None:
 def _ui(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args, "host")
-        configure_logging(settings.log_level, settings.log_format)
-        missing = _missing_sqlite_file(settings.database_url)
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        missing = _missing_sqlite_file(settings.storage.database_url)
         if missing is not None:
             raise LedgerError(
                 f"no ledger at {missing}: give --db URL of an existing ledger (or run `ledger db upgrade`)"
             )
-        database = open_database(settings.database_url)
+        database = open_database(settings.storage.database_url)
         try:
             await require_head(database)
-            app = create_ui_app(database, settings, refresh=not args.no_refresh)
-            config = uvicorn.Config(
-                app, host=settings.host, port=args.port, log_level=settings.log_level.lower(), access_log=False
+            app = create_ui_app(
+                database, settings.reports, admin_token=settings.gateway.admin_token, refresh=not args.no_refresh
             )
-            print(f"ledger ui: http://{settings.host}:{args.port}/_ledger/ui/ over {database.safe_url}", flush=True)
+            config = uvicorn.Config(
+                app,
+                host=settings.gateway.host,
+                port=args.port,
+                log_level=settings.log.log_level.lower(),
+                access_log=False,
+            )
+            print(
+                f"ledger ui: http://{settings.gateway.host}:{args.port}/_ledger/ui/ over {database.safe_url}",
+                flush=True,
+            )
             await uvicorn.Server(config).serve()
         finally:
             await database.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.compare import compare_runs, render_comparison
 
@@ -17,10 +17,10 @@ def compare_command(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log_level, settings.log_format)
+        configure_logging(settings.log.log_level, settings.log.log_format)
         database = await open_checked(settings)
         try:
-            comparison = await compare_runs(database, args.runs, run_gap_s=settings.run_gap_s)
+            comparison = await compare_runs(database, args.runs, run_gap_s=settings.reports.run_gap_s)
         finally:
             await database.dispose()
         text = render_comparison(comparison, args.output_format)

@@ -10,17 +10,16 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
+from usage_ledger.commands.output import print_rows
+from usage_ledger.commands.progress import advance, progress, stage
+from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
+from usage_ledger.commands.support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.cli_support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.settings import Settings
-from usage_ledger.projections._cli_options import filters_from_args, page_line, page_offset, table_options
-from usage_ledger.projections._output import print_rows
-from usage_ledger.projections._progress import advance, progress, stage
 from usage_ledger.projections.callviews import get_call
 from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, follow_projections, projection_status
 from usage_ledger.projections.eras import eras_report
@@ -36,6 +35,7 @@ from usage_ledger.projections.reports import (
     tickers_report,
     weekday_mean,
 )
+from usage_ledger.settings import Settings
 
 __all__ = (
     "annotate_command",
@@ -56,7 +56,7 @@ _encoder = msgspec.json.Encoder()
 
 def _settings(args: argparse.Namespace) -> Settings:
     settings = settings_from_args(args, "tz", "run_gap_s")
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log.log_level, settings.log.log_format)
     return settings
 
 
@@ -118,10 +118,10 @@ def import_command(args: argparse.Namespace) -> int:
 def report_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        zone = parse_zone(settings.tz)
+        zone = parse_zone(settings.reports.tz)
         selected = filters_from_args(args, zone)
         table = table_options(args)
-        gap = settings.run_gap_s
+        gap = settings.reports.run_gap_s
         database = await open_checked(settings)
         try:
             if args.kind == "runs":
@@ -140,9 +140,11 @@ def report_command(args: argparse.Namespace) -> int:
                 )
                 rows = list(await eras)
             else:
-                days = await daily_report(database, tz=settings.tz, run=args.run, run_gap_s=gap, filters=selected)
+                days = await daily_report(
+                    database, tz=settings.reports.tz, run=args.run, run_gap_s=gap, filters=selected
+                )
                 rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
-            title = f"{args.kind} ({settings.tz})" if args.kind == "daily" else args.kind
+            title = f"{args.kind} ({settings.reports.tz})" if args.kind == "daily" else args.kind
             title = f"eras by {args.by}" if args.kind == "eras" else title
             print_rows(rows, args.output_format, title=title, zone=zone, **table)
         finally:
@@ -220,7 +222,7 @@ def recompute_command(args: argparse.Namespace) -> int:
         settings = _settings(args)
         database = await open_checked(settings)
         try:
-            rows = await recompute_report(database, args.formula, run_gap_s=settings.run_gap_s)
+            rows = await recompute_report(database, args.formula, run_gap_s=settings.reports.run_gap_s)
             promoted = await set_formula(database, args.formula) if args.promote else None
         finally:
             await database.dispose()
@@ -250,7 +252,7 @@ def annotate_command(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             if args.run and not args.force:
-                await _require_run(database, args.run, settings.run_gap_s)
+                await _require_run(database, args.run, settings.reports.run_gap_s)
             result = await append_events(database, [new_event(body, stream=stream)])
         finally:
             await database.dispose()
@@ -306,7 +308,7 @@ async def _export(database: Database, **kwargs: Any) -> int:
 def export_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        selected = filters_from_args(args, parse_zone(settings.tz))
+        selected = filters_from_args(args, parse_zone(settings.reports.tz))
         database = await open_checked(settings)
         try:
             count = await _export(
@@ -315,7 +317,7 @@ def export_command(args: argparse.Namespace) -> int:
                 run=args.run,
                 output=args.output,
                 stdout=sys.stdout.buffer,
-                run_gap_s=settings.run_gap_s,
+                run_gap_s=settings.reports.run_gap_s,
                 filters=selected,
             )
         finally:
@@ -339,7 +341,7 @@ def show_call_command(args: argparse.Namespace) -> int:
         if args.output_format == "json":
             sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
             return 0
-        zone = ZoneInfo(settings.tz)
+        zone = ZoneInfo(settings.reports.tz)
         print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone, record=True, **table)
         for event in detail.events:
             print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
@@ -355,13 +357,18 @@ def show_call_command(args: argparse.Namespace) -> int:
 def show_run_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
-        zone = parse_zone(settings.tz)
+        zone = parse_zone(settings.reports.tz)
         table = table_options(args)
         offset = page_offset(args)
         database = await open_checked(settings)
         try:
             detail = await show_run(
-                database, args.run, formula=args.formula, run_gap_s=settings.run_gap_s, offset=offset, limit=args.limit
+                database,
+                args.run,
+                formula=args.formula,
+                run_gap_s=settings.reports.run_gap_s,
+                offset=offset,
+                limit=args.limit,
             )
         finally:
             await database.dispose()

@@ -1,13 +1,14 @@
-"""`ledger` subcommands contributed by the projections package (parsers only; work is in `_cli`)."""
+"""`ledger` subcommands of the projections package (parsers only; the work is in `reports`, `server`,
+`compare` and `agreement`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from usage_ledger.ledger.cli_support import add_db_option
-from usage_ledger.projections import _cli, _server_cli
-from usage_ledger.projections._agreement_cli import add_agreement_parser
-from usage_ledger.projections._compare_cli import compare_command
+from usage_ledger.commands import reports, server
+from usage_ledger.commands.agreement import add_agreement_parser
+from usage_ledger.commands.compare import compare_command
+from usage_ledger.commands.support import add_db_option
 from usage_ledger.projections.filters import CALL_STATUSES
 from usage_ledger.projections.formulas import FORMULAS
 
@@ -45,7 +46,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--format", dest="input_format", choices=("jsonl", "csv"), help="default: from the extension")
     p.add_argument("--source", help="source name recorded with each call (default: the file name)")
     p.add_argument("--skip-invalid", action="store_true", help="import the valid rows of a file with bad rows")
-    p.set_defaults(func=_cli.import_command)
+    p.set_defaults(func=reports.import_command)
 
     p = sub.add_parser("report", help="runs, tickers, daily totals, or eras (runs grouped by a label)")
     add_db_option(p)
@@ -60,7 +61,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _filter_options(p)
     _column_options(p)
     _fmt(p)
-    p.set_defaults(func=_cli.report_command)
+    p.set_defaults(func=reports.report_command)
 
     p = sub.add_parser("reconcile", help="runs whose calls and tokens differ from the server's own counters")
     add_db_option(p)
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", action="store_true", help="list every run, also those that reconcile or were not sampled")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p)
-    p.set_defaults(func=_server_cli.reconcile_command)
+    p.set_defaults(func=server.reconcile_command)
 
     p = sub.add_parser("audit", help="sampling and server config that vary within a run, or between two runs")
     add_db_option(p)
@@ -76,7 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--against", metavar="RUN2", help="also list what differs from this run")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p, "table", "json")
-    p.set_defaults(func=_server_cli.audit_command)
+    p.set_defaults(func=server.audit_command)
 
     p = sub.add_parser("compare", help="runs side by side: throughput, in flight, vllm bench serve latency, server")
     add_db_option(p)
@@ -85,25 +86,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _fmt(p, "table", "json")
     p.set_defaults(func=compare_command)
 
-    add_agreement_parser(sub)  # its many options live beside its work (`_agreement_cli`)
+    add_agreement_parser(sub)  # its many options live beside its work (`commands.agreement`)
 
     p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
     add_db_option(p)
     p.add_argument("names", nargs="*", metavar="NAME", help="projections to rebuild (default: all)")
     p.add_argument("--formula", choices=formulas, help="promote with this default formula")
     p.add_argument("--keep-old", action="store_true", help="keep the previous version's rows")
-    p.set_defaults(func=_cli.rebuild_command)
+    p.set_defaults(func=reports.rebuild_command)
 
     p = sub.add_parser("projections", help="run projections or show their status")
     actions = p.add_subparsers(dest="projections_command", metavar="ACTION", required=True)
     run = actions.add_parser("run", help="apply new events to the live projections")
     add_db_option(run)
     run.add_argument("--follow", "-f", action="store_true", help="keep applying events as they are committed")
-    run.set_defaults(func=_cli.projections_run_command)
+    run.set_defaults(func=reports.projections_run_command)
     status = actions.add_parser("status", help="versions, checkpoints and lag")
     add_db_option(status)
     _fmt(status)
-    status.set_defaults(func=_cli.projections_status_command)
+    status.set_defaults(func=reports.projections_status_command)
 
     p = sub.add_parser("recompute", help="show every run under the current and another formula side by side")
     add_db_option(p)
@@ -111,7 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--promote", action="store_true", help="make this formula the default afterwards")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
     _fmt(p)
-    p.set_defaults(func=_cli.recompute_command)
+    p.set_defaults(func=reports.recompute_command)
 
     p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind)")
     add_db_option(p)
@@ -125,7 +126,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
     p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")
-    p.set_defaults(func=_cli.annotate_command)
+    p.set_defaults(func=reports.annotate_command)
 
     p = sub.add_parser("retag", help="correct a call's run or tags (appends call.retagged; history stays)")
     add_db_option(p)
@@ -134,7 +135,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tag", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--remove-tag", action="append", default=[], metavar="NAME")
     p.add_argument("--reason", required=True)
-    p.set_defaults(func=_cli.retag_command)
+    p.set_defaults(func=reports.retag_command)
 
     p = sub.add_parser("export", help="export calls as JSONL, CSV or Parquet")
     add_db_option(p)
@@ -144,7 +145,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
     p.add_argument("--tz", help="IANA time zone for --since/--until without an offset (else LEDGER_TZ)")
     _filter_options(p)
-    p.set_defaults(func=_cli.export_command)
+    p.set_defaults(func=reports.export_command)
 
     p = sub.add_parser("show", help="one call (with bodies) or one run")
     what = p.add_subparsers(dest="show_command", metavar="WHAT", required=True)
@@ -155,7 +156,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     call.add_argument("--tz", help="IANA time zone for times (else LEDGER_TZ)")
     _column_options(call)
     _fmt(call, "text", "json")
-    call.set_defaults(func=_cli.show_call_command)
+    call.set_defaults(func=reports.show_call_command)
     run_p = what.add_parser("run", help="a run's report row, its tickers and its calls (paged)")
     add_db_option(run_p)
     run_p.add_argument("run", metavar="R")
@@ -168,4 +169,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     paging.add_argument("--page", type=int, help="page number (from 1) of --limit calls")
     _column_options(run_p)
     _fmt(run_p, "table", "json")
-    run_p.set_defaults(func=_cli.show_run_command)
+    run_p.set_defaults(func=reports.show_run_command)
