@@ -82,9 +82,8 @@ async def serve(
             await require_head(database)
         except DatabaseUnavailable as exc:
             log.warning("database_unavailable_at_start", error=str(exc), spool=storage.spool_dir)
-        fingerprint_key = load_fingerprint_key(
-            settings, storage.spool_dir
-        )  # an unusable key file stops the start (exit 2)
+        # an unusable key file stops the start (exit 2)
+        fingerprint_key = load_fingerprint_key(settings, storage.spool_dir)
         checkpointer = Checkpointer.from_settings(storage, database)  # None unless LEDGER_CHECKPOINT_KEY is set
         writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
         async with writer:
