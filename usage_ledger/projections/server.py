@@ -56,26 +56,28 @@ class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ServerBlock(msgspec.Struct, frozen=True, kw_only=True):
-    spec_decode_acceptance_rate: float | None
-    spec_decode_mean_acceptance_length: float | None
-    kv_cache_usage_max: float | None
-    requests_running_mean: float | None
-    requests_running_max: float | None
-    requests_waiting_max: float | None
-    preemptions: int | None
-    prefix_cache_hit_rate: float | None
-    server_prompt_tokens: int | None
-    server_generation_tokens: int | None
-    server_requests: int | None
-    reconciled: bool | None
+    """Every field is always present in the JSON; None where its source had nothing (`sources` says which)."""
+
+    spec_decode_acceptance_rate: float | None = None
+    spec_decode_mean_acceptance_length: float | None = None
+    kv_cache_usage_max: float | None = None
+    requests_running_mean: float | None = None
+    requests_running_max: float | None = None
+    requests_waiting_max: float | None = None
+    preemptions: int | None = None
+    prefix_cache_hit_rate: float | None = None
+    server_prompt_tokens: int | None = None
+    server_generation_tokens: int | None = None
+    server_requests: int | None = None
+    reconciled: bool | None = None
     """None when the window has no sample on one side, or the server restarted inside it."""
-    difference: Reconciliation | None
-    restarts: int
-    config: dict[str, str] | None
-    samples: int
-    window_start: datetime | None
-    window_end: datetime | None
-    sources: dict[str, str]
+    difference: Reconciliation | None = None
+    restarts: int = 0
+    config: dict[str, str] | None = None
+    samples: int = 0
+    window_start: datetime | None = None
+    window_end: datetime | None = None
+    sources: dict[str, str] = {}
 
 
 async def load_samples(conn: AsyncConnection) -> list[ServerSampled]:
@@ -140,27 +142,10 @@ def _window(
 
 def _blocks_only(spec: SpecBlocks) -> ServerBlock:
     """A run with per-request blocks but no sample around it: their two figures, nothing else."""
-    source = _BLOCKS_SOURCE.format(spec.calls)
     return ServerBlock(
         spec_decode_acceptance_rate=_ratio(spec.accepted_tokens, spec.draft_tokens),
         spec_decode_mean_acceptance_length=_mean_length(spec.accepted_tokens, spec.steps),
-        kv_cache_usage_max=None,
-        requests_running_mean=None,
-        requests_running_max=None,
-        requests_waiting_max=None,
-        preemptions=None,
-        prefix_cache_hit_rate=None,
-        server_prompt_tokens=None,
-        server_generation_tokens=None,
-        server_requests=None,
-        reconciled=None,
-        difference=None,
-        restarts=0,
-        config=None,
-        samples=0,
-        window_start=None,
-        window_end=None,
-        sources=dict.fromkeys(_SPEC_FIELDS, source),
+        sources=dict.fromkeys(_SPEC_FIELDS, _BLOCKS_SOURCE.format(spec.calls)),
     )
 
 
