@@ -20,39 +20,28 @@ report, and only the composition may know both packages (tests/test_layering.py)
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import os
-import signal
-import sys
 import time
-from collections.abc import Iterator
 
 import httpx
 import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from usage_ledger.commands.support import add_db_option, open_checked, run_command
 from usage_ledger.gateway.headers import MAX_VALUE
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import RunAnnotated, new_event
-from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.callviews import calls_page
-from usage_ledger.projections.compare import compare_runs, render_comparison
-from usage_ledger.projections.engine import catch_up_all
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay
-from usage_ledger.settings import Settings, load_settings
+from usage_ledger.settings import Settings
 
-__all__ = ("ReplayOptions", "ReplayResult", "describe", "register", "replay_run")
+__all__ = ("ReplayOptions", "ReplayResult", "describe", "replay_run")
 
 REPLAY_LABEL = "replay_of"
-INTERRUPTED = 130
 
 
 class ReplayOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -279,96 +268,3 @@ def describe(result: ReplayResult, upstream: str) -> str:
     if result.not_sent:
         text += f", {result.not_sent} not sent"
     return text
-
-
-async def print_comparison(database: Database, runs: list[str], run_gap_s: float, console: Console) -> None:
-    """RUN and NEW_RUN side by side (`ledger compare`)."""
-    await catch_up_all(database)
-    comparison = await compare_runs(database, runs, run_gap_s=run_gap_s)
-    console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
-
-
-# -- the command ---------------------------------------------------------------------------------
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("replay", help="send a recorded run's requests to another server, recorded as a new run")
-    add_db_option(p)
-    p.add_argument("run", metavar="RUN")
-    p.add_argument("--upstream", required=True, metavar="URL", help="the server to replay to (OpenAI-compatible)")
-    p.add_argument("--model", help="send this model name in place of the recorded one")
-    p.add_argument(
-        "--concurrency", type=int, metavar="N", help="requests at once (default: the most RUN had in flight)"
-    )
-    p.add_argument("--as", dest="new_run", metavar="NEW_RUN", help="name of the new run (default RUN-replay-<n>)")
-    p.add_argument("--limit", type=int, metavar="K", help="replay only the first K requests")
-    p.add_argument(
-        "--spool-dir",
-        dest="spool_dir",
-        metavar="DIR",
-        help="outage spool of the replay's gateway (default: LEDGER_SPOOL_DIR + '-replay')",
-    )
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    p.set_defaults(func=_replay_command)
-
-
-def _replay_command(args: argparse.Namespace) -> int:
-    if (args.concurrency is not None and args.concurrency < 1) or (args.limit is not None and args.limit < 1):
-        print("ledger replay: --concurrency and --limit must be ≥ 1", file=sys.stderr)
-        return 2
-    if not args.upstream.startswith(("http://", "https://")):
-        print(f"ledger replay: --upstream {args.upstream!r}: give an http:// or https:// URL", file=sys.stderr)
-        return 2
-    options = ReplayOptions(
-        run=args.run,
-        upstream=args.upstream.rstrip("/"),
-        model=args.model,
-        concurrency=args.concurrency,
-        new_run=args.new_run,
-        limit=args.limit,
-    )
-
-    async def main() -> int:
-        quiet = None if "LEDGER_LOG_LEVEL" in os.environ else "warning"  # a log line per call would bury the bar
-        overrides = {"database_url": args.database_url, "spool_dir": args.spool_dir, "run_gap_s": args.run_gap_s}
-        settings = load_settings(os.environ, {**overrides, "log_level": quiet})
-        if args.spool_dir is None:  # beside, not inside, the spool a running `ledger serve` owns
-            spool_dir = f"{settings.storage.spool_dir.rstrip('/')}-replay"
-            settings = msgspec.structs.replace(
-                settings, storage=msgspec.structs.replace(settings.storage, spool_dir=spool_dir)
-            )
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
-        database = await open_checked(settings)
-        try:
-            with _interrupts() as stop:
-                result = await replay_run(database, settings, options, console=Console(stderr=True), stop=stop)
-            console.print(describe(result, options.upstream), markup=False, highlight=False)
-            if result.sent:  # a stop before the first request leaves no run to compare
-                await print_comparison(database, [result.run, result.new_run], settings.reports.run_gap_s, console)
-        finally:
-            await database.dispose()
-        return INTERRUPTED if result.interrupted else 0
-
-    return run_command(main)
-
-
-@contextlib.contextmanager
-def _interrupts() -> Iterator[asyncio.Event]:
-    """The first Ctrl-C (or SIGTERM) sets the event: stop cleanly; a second one interrupts at once
-    (`asyncio.run` then cancels what runs, so the gateway still closes and the writer drains)."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal() -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        yield stop
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)

@@ -1,10 +1,12 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
-    serve(settings, storage)  ─ require_head ─ EventWriter(+spool) ─ shared upstream client ─ create_app
-                                        (RawUpstream: http:// and verified https://)
+    serve(settings, storage)  ─ require_head ─ gateway_app: EventWriter(+spool), the shared upstream
+                                client (RawUpstream: http:// and verified https://), ServerSampler, create_app
                      └ background tasks (the projections follower and the OTel export, child processes)
-                     └ HttpServer (gateway.server: asyncio protocol, httptools, uvloop), listening socket
-                       with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
+                     └ listening: HttpServer (gateway.server: asyncio protocol, httptools, uvloop) on a
+                       socket with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
+
+`ledger replay` records through the same `gateway_app` and `listening`, in its own process.
 
 Resources are opened here and closed in `finally`, in reverse order; the writer drains its queue
 before the database is disposed, so nothing accepted is dropped on a clean shutdown.
@@ -17,14 +19,14 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
 import structlog
 from litestar import Router
 
 from usage_ledger.gateway.app import GatewayApp, create_app
-from usage_ledger.gateway.fingerprint_key import load_fingerprint_key
+from usage_ledger.gateway.fingerprint_key import FingerprintKey, load_fingerprint_key
 from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.sampler import ServerSampler
@@ -40,7 +42,7 @@ from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter
 
-__all__ = ("ApiFactory", "Background", "bind_socket", "serve")
+__all__ = ("ApiFactory", "Background", "bind_socket", "gateway_app", "listening", "serve")
 
 Background = Callable[[Database], Coroutine[Any, Any, None]]
 ApiFactory = Callable[[Database], Sequence[Router]]
@@ -85,48 +87,98 @@ async def serve(
         # an unusable key file stops the start (exit 2)
         fingerprint_key = load_fingerprint_key(settings, storage.spool_dir)
         checkpointer = Checkpointer.from_settings(storage, database)  # None unless LEDGER_CHECKPOINT_KEY is set
-        writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
-        async with writer:
-            if checkpointer is not None:
-                checkpointer.start()
-            client = RawUpstream(settings)
-            tasks = [asyncio.create_task(job(database), name=f"background-{i}") for i, job in enumerate(background)]
-            sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
-            tasks.append(asyncio.create_task(sampler.run(), name="server-sampler"))
-            try:
-                routers = api(database) if api is not None else ()
-                app = create_app(
-                    settings,
-                    database=database,
-                    writer=writer,
-                    upstream=client,
-                    api_routers=routers,
-                    fingerprint_key=fingerprint_key,
-                    ui_routers=ui(database) if ui is not None else (),
-                )
-                app.proxy.recorder.watcher = sampler
-                await wait_up_to(sampler.ready.wait(), settings.server_sample_timeout_s + 1)
+        tasks = [asyncio.create_task(job(database), name=f"background-{i}") for i, job in enumerate(background)]
+        if checkpointer is not None:
+            checkpointer.start()
+        try:
+            api_routers = api(database) if api is not None else ()
+            ui_routers = ui(database) if ui is not None else ()
+            async with gateway_app(
+                settings,
+                storage,
+                database,
+                fingerprint_key=fingerprint_key,
+                api_routers=api_routers,
+                ui_routers=ui_routers,
+            ) as app:
                 freeze_startup_heap()
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
                 await _run_server(app, settings)
-            finally:
-                await sampler.last_sample()  # the calls are done: the last run's closing sample
-                for task in tasks:
-                    task.cancel()
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                await client.aclose()
+        finally:
+            await _stop_tasks(tasks)
         if checkpointer is not None:
             await checkpointer.close()  # after the writer drained: the final checkpoint covers every call
     finally:
         await database.dispose()
 
 
-async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
-    sock = bind_socket(settings.host, settings.port)
+@contextlib.asynccontextmanager
+async def gateway_app(
+    settings: GatewaySettings,
+    storage: StorageSettings,
+    database: Database,
+    *,
+    fingerprint_key: FingerprintKey | None = None,
+    api_routers: Sequence[Router] = (),
+    ui_routers: Sequence[Router] = (),
+) -> AsyncIterator[GatewayApp]:
+    """The gateway, ready for calls: its writer (with the outage spool), upstream client and server sampler.
+
+    The one composition of the recording path, for `serve` and for `ledger replay`'s in-process
+    gateway. On exit, after the last call: the run's closing sample, then the writer drains its queue.
+    """
+    writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
+    async with writer:
+        client = RawUpstream(settings)
+        sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
+        sampling = asyncio.create_task(sampler.run(), name="server-sampler")
+        try:
+            app = create_app(
+                settings,
+                database=database,
+                writer=writer,
+                upstream=client,
+                api_routers=api_routers,
+                fingerprint_key=fingerprint_key,
+                ui_routers=ui_routers,
+            )
+            app.proxy.recorder.watcher = sampler
+            await wait_up_to(sampler.ready.wait(), settings.server_sample_timeout_s + 1)
+            yield app
+        finally:
+            await sampler.last_sample()  # the calls are done: the last run's closing sample
+            await _stop_tasks([sampling])
+            await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    app: GatewayApp, settings: GatewaySettings, sock: socket.socket, *, grace_s: float
+) -> AsyncIterator[HttpServer]:
+    """`app` served on `sock`; on exit, calls in flight get `grace_s` to finish before their connections close."""
     server = HttpServer(app.handle, limits=ServerLimits.from_settings(settings), metrics=app.metrics)
     await server.start(sock)
+    try:
+        yield server
+    finally:
+        await server.shutdown(grace_s)
+
+
+async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
+    sock = bind_socket(settings.host, settings.port)
+    async with listening(app, settings, sock, grace_s=GRACEFUL_SHUTDOWN_S) as server:
+        await _until_signalled(server, settings, sock)
+
+
+async def _until_signalled(server: HttpServer, settings: GatewaySettings, sock: socket.socket) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -151,9 +203,6 @@ async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
         await stop.wait()
         log.info("gateway_stopping", connections=len(server.connections))
     finally:
-        try:
-            await server.shutdown(GRACEFUL_SHUTDOWN_S)
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-                signal.signal(sig, previous[sig])
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous[sig])
