@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,3 +65,13 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["report", "runs", "--run", "nope", "--db", db]) == 2
     assert main(["retag", "nope", "--run", "x", "--reason", "r", "--db", db]) == 2
     assert main(["report", "daily", "--tz", "Nowhere/X", "--db", db]) == 2
+
+
+def test_rebuild_checks_every_name_before_rebuilding_any(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = f"sqlite:///{tmp_path / 'l.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["rebuild", "calls", "nosuch", "--db", db]) == 2
+    assert "unknown projection 'nosuch'; known: annotations, calls" in capsys.readouterr().err
+    assert main(["projections", "status", "--db", db]) == 0
+    assert re.search(r"calls\s+1\s+True", capsys.readouterr().out)  # still version 1: `calls` was not rebuilt first

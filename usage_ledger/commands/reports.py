@@ -21,7 +21,13 @@ from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.callviews import get_call
-from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, follow_projections, projection_status
+from usage_ledger.projections.engine import (
+    PROJECTIONS,
+    catch_up_all,
+    follow_projections,
+    projection_named,
+    projection_status,
+)
 from usage_ledger.projections.eras import eras_report
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.export import export_calls, show_call, show_run
@@ -158,9 +164,8 @@ def rebuild_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
         names = args.names or sorted(PROJECTIONS)
-        for name in names:
-            if name not in PROJECTIONS:
-                raise ProjectionError(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}")
+        for name in names:  # every name checked before the first rebuild starts
+            projection_named(name)
         database = await open_checked(settings)
         try:
             for name in names:
