@@ -15,13 +15,11 @@ no payload holding a `\\u0000` escape.
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
-    DECODE_TPS_SQL,
-    PREFILL_TPS_SQL,
+    ROW_COLUMNS_SQL,
+    ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
-    STATUS_SQL,
-    TOKENS_SQL,
-    USAGE_SOURCE_SQL,
+    plain_sql,
 )
 
 __all__ = ("PG_STATEMENTS",)
@@ -106,26 +104,13 @@ FROM (
 # One row per start (two if it has two ends); only `plain` rows are copied.
 _ROWS = f"""
 CREATE TEMP TABLE rebuild_rows AS
-SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL::text AS source, status, http_status, failure_reason,
-       usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
-       output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
-       {PREFILL_TPS_SQL} AS prefill_tps,
-       {DECODE_TPS_SQL} AS decode_tps,
-       request_blob, response_blob, 0 AS retags, last_position, plain
+SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
-         e.first_token_at, e.last_token_at, e.ended_at,
-         {STATUS_SQL} AS status,
-         e.http_status, e.reason AS failure_reason,
-         {USAGE_SOURCE_SQL} AS usage_source,
-         {TOKENS_SQL}, e.cached AS cached_tokens,
-         e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
+  SELECT {ROW_VALUES_SQL},
          EXTRACT(EPOCH FROM (e.ended_at - s.started_at))::float8 AS elapsed_s,
          EXTRACT(EPOCH FROM (e.first_token_at - s.started_at))::float8 AS ttft_s,
          EXTRACT(EPOCH FROM (e.last_token_at - e.first_token_at))::float8 AS decode_s,
-         COALESCE(e.pos, s.pos) AS last_position,
-         s.tags IS NOT NULL AND s.started_at IS NOT NULL AND ns.n = 1
-         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND ne.n = 1)) AS plain
+         {plain_sql(one_start="ns.n = 1", one_end="ne.n = 1")} AS plain
   FROM rebuild_starts s
   JOIN (SELECT cid, count(*) AS n FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid) ns ON ns.cid = s.cid
   LEFT JOIN rebuild_ends e ON e.cid = s.cid

@@ -27,13 +27,11 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
-    DECODE_TPS_SQL,
-    PREFILL_TPS_SQL,
+    ROW_COLUMNS_SQL,
+    ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
-    STATUS_SQL,
-    TOKENS_SQL,
-    USAGE_SOURCE_SQL,
+    plain_sql,
 )
 
 __all__ = (
@@ -139,29 +137,22 @@ FROM (
 ) LIMIT -1
 """
 
+# `REPEATED_STATEMENTS` found the call ids with more than one start or end
+_PLAIN = plain_sql(
+    one_start="s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts)",
+    one_end="s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)",
+)
+
 # One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{op}`: the
 # half of the starts, by call id against `:split` (`rows_statement`); the other half goes to a file of its own.
 _ROWS = f"""
 CREATE TABLE rebuild_rows AS
-SELECT call_id, run, ticker, tags, model, 'gateway' AS origin, NULL AS source, status, http_status, failure_reason,
-       usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s, input_tokens,
-       output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
-       {PREFILL_TPS_SQL} AS prefill_tps,
-       {DECODE_TPS_SQL} AS decode_tps,
-       request_blob, response_blob, 0 AS retags, last_position, plain
+SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
-         e.first_token_at, e.last_token_at, e.ended_at,
-         {STATUS_SQL} AS status,
-         e.http_status, e.reason AS failure_reason,
-         {USAGE_SOURCE_SQL} AS usage_source,
-         {TOKENS_SQL}, e.cached AS cached_tokens,
-         e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
+  SELECT {ROW_VALUES_SQL},
          (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
-         (e.last_us - e.first_us) / 1000000.0 AS decode_s, COALESCE(e.pos, s.pos) AS last_position,
-         s.tags IS NOT NULL AND s.started_at IS NOT NULL
-         AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))
-         AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) AS plain
+         (e.last_us - e.first_us) / 1000000.0 AS decode_s,
+         {_PLAIN} AS plain
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
   WHERE s.cid IS NOT NULL AND s.started AND s.cid {{op}} :split
   ORDER BY s.cid

@@ -5,8 +5,9 @@ bulk); the bulk rebuild runs them as SQL on both backends (`_bulk_sqlite`, `_bul
 fragments below). A rule changed here changes for every builder; the digest property tests
 (tests/projections/test_rebuild.py) hold the Python and the SQL to the same rows.
 
-The SQL fragments read the work tables' names: `e` is the call's end (NULL `e.pos` when it has
-none), `ttft_s`, `decode_s`, `input_tokens`, `output_tokens` the values computed beside them.
+The SQL reads the work tables' names: `s` is the call's start, `e` its end (NULL `e.pos` when it
+has none). `ROW_COLUMNS_SQL` over `ROW_VALUES_SQL` is the row both backends write for a plain call
+(`plain_sql`); what stays per backend is reading the payloads and the time arithmetic.
 """
 
 from __future__ import annotations
@@ -16,19 +17,16 @@ from typing import Any
 
 __all__ = (
     "CALL_STATUSES",
-    "DECODE_TPS_SQL",
     "FAILED_STATUSES",
-    "OK_STATUS_SQL",
-    "PREFILL_TPS_SQL",
+    "ROW_COLUMNS_SQL",
+    "ROW_VALUES_SQL",
     "SPEC_COUNT_DIGITS",
     "SPEC_DECODE_KEYS",
-    "STATUS_SQL",
-    "TOKENS_SQL",
-    "USAGE_SOURCE_SQL",
     "decode_rate_note",
     "decode_tps",
     "ended_at",
     "finished_status",
+    "plain_sql",
     "prefill_tps",
     "spec_decode_counts",
 )
@@ -114,3 +112,37 @@ def spec_decode_counts(block: Any) -> tuple[int, int, int] | None:
 
 def _spec_count(value: Any) -> int | None:
     return value if type(value) is int and 0 <= value < 10**SPEC_COUNT_DIGITS else None
+
+
+ROW_VALUES_SQL = f"""s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
+e.first_token_at, e.last_token_at, e.ended_at,
+{STATUS_SQL} AS status,
+e.http_status, e.reason AS failure_reason,
+{USAGE_SOURCE_SQL} AS usage_source,
+{TOKENS_SQL}, e.cached AS cached_tokens,
+e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
+COALESCE(e.pos, s.pos) AS last_position"""
+"""A plain call's values from its start `s` and end `e`, for `ROW_COLUMNS_SQL` to select from; each
+backend adds the durations `elapsed_s`, `ttft_s`, `decode_s` (in its own time arithmetic) and `plain`."""
+
+ROW_COLUMNS_SQL = f"""call_id, run, ticker, tags, model, 'gateway' AS origin, CAST(NULL AS TEXT) AS source, status,
+http_status, failure_reason, usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s,
+input_tokens, output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
+{PREFILL_TPS_SQL} AS prefill_tps,
+{DECODE_TPS_SQL} AS decode_tps,
+request_blob, response_blob, 0 AS retags, last_position, plain"""
+"""The calls row (every column but `version`, in the table's order) and `plain`, selected over
+`ROW_VALUES_SQL` and the durations: what both backends' bulk SQL writes to `rebuild_rows`."""
+
+
+def plain_sql(*, one_start: str, one_end: str) -> str:
+    """SQL: whether the bulk load may write a call's row itself, or leaves the call to `fold_call`.
+
+    Plain: its one start (`one_start`, the backend's test) has canonical tags and time, and it has
+    no end, or one end (`one_end`) after the start whose values are all canonical (`e.valid`).
+    Anything else (imports, retags, repeats, odd values) is folded in Python.
+    """
+    return (
+        f"s.tags IS NOT NULL AND s.started_at IS NOT NULL AND {one_start} "
+        f"AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND {one_end}))"
+    )
