@@ -253,9 +253,9 @@ class GenerateTier:
         before = harness.scrape_counters(stack.vllm.url)
         seen = 0
         # Sampled, not greedy: greedily the tiny model repeats itself, so the ngram speculator's three
-        # draft tokens are all accepted, vLLM writes four tokens a step and had finished all 900 before
-        # the client's fourth chunk (CI, stop 29). Sampled, a step yields about one token, as in the
-        # other configurations; ignore_eos keeps a sampled end-of-text from ending the stream early.
+        # draft tokens can all be accepted, four tokens a step; in CI (stop 29) the stream had ended
+        # before the client's fourth chunk. Sampled, a step yields about one token, as in the other
+        # configurations; ignore_eos keeps an end-of-text from ending the stream before the client leaves.
         with client.chat.completions.with_streaming_response.create(
             model=MODEL_NAME,
             messages=[{"role": "user", "content": "Write the whole night's report."}],

@@ -137,7 +137,7 @@ FROM (
 ) LIMIT -1
 """
 
-# `REPEATED_STATEMENTS` found the call ids with more than one start or end
+# One start, one end: `REPEATED_STATEMENTS` listed the call ids with more than one of either.
 _PLAIN = plain_sql(
     one_start="s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts)",
     one_end="s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)",
