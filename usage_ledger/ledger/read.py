@@ -15,7 +15,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event
 from usage_ledger.ledger.schema import events
 
-__all__ = ("StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
+__all__ = ("STORED_COLUMNS", "StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
 
 
 class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,22 +32,14 @@ class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
         return decode_event(self.payload)
 
 
-_COLUMNS = (
-    events.c.position,
-    events.c.event_id,
-    events.c.type,
-    events.c.stream,
-    events.c.occurred_at,
-    events.c.recorded_at,
-    events.c.payload,
-    events.c.hash,
-)
+STORED_COLUMNS = tuple(events.c[name] for name in StoredEvent.__struct_fields__)
+"""The ledger columns a `StoredEvent` holds, in its field order."""
 
 
 async def read_events(conn: AsyncConnection, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
     """Up to `limit` events with position > `after`, in position order."""
     result = await conn.execute(
-        select(*_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(limit)
+        select(*STORED_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(limit)
     )
     return [
         StoredEvent(

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event, event_type, utc_now
+from usage_ledger.ledger.read import STORED_COLUMNS
 from usage_ledger.ledger.schema import events
 
 __all__ = ("CLOCK_SKEW", "ChainObserver", "ChainReport", "verify_chain", "verify_chain_on")
@@ -72,19 +73,9 @@ async def verify_chain_on(
     expected_position = 1
     checked = 0
     clocks = _RecordedClock(clock_skew)
-    columns = (
-        events.c.position,
-        events.c.event_id,
-        events.c.type,
-        events.c.stream,
-        events.c.occurred_at,
-        events.c.recorded_at,
-        events.c.payload,
-        events.c.hash,
-    )
     after = 0
     while True:
-        query = select(*columns).where(events.c.position > after).order_by(events.c.position).limit(page_size)
+        query = select(*STORED_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(page_size)
         rows = (await conn.execute(query)).all()
         for position, event_id, type_, stream, occurred_at, recorded_at, payload, stored_hash in rows:
             problem = None
