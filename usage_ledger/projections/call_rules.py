@@ -3,7 +3,7 @@
 `calls.fold_call` applies them in Python (the follower, and the calls a rebuild cannot load in
 bulk); the bulk rebuild runs them as SQL on both backends (`_bulk_sqlite`, `_bulk_pg` splice in the
 fragments below). A rule changed here changes for every builder; the digest property tests
-(tests/projections/test_rebuild.py) hold the Python and the SQL to the same rows.
+(tests/projections/test_rebuild_properties.py) hold the Python and the SQL to the same rows.
 
 The SQL reads the work tables' names: `s` is the call's start, `e` its end (NULL `e.pos` when it
 has none). `ROW_COLUMNS_SQL` over `ROW_VALUES_SQL` is the row both backends write for a plain call
