@@ -30,6 +30,7 @@ from pathlib import Path
 import structlog
 
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.ledger.durable import fsync_dir
 from usage_ledger.ledger.errors import ConfigError
 
 __all__ = ("DEFAULT_KEY_FILE_NAME", "FINGERPRINT_PREFIX", "FingerprintKey", "key_file_path", "load_fingerprint_key")
@@ -128,7 +129,7 @@ def _create(path: Path) -> FingerprintKey:
             os.link(tmp, path)
         except FileExistsError:  # another gateway created it first: use theirs
             return _parse(path, path.read_bytes())
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:
         raise ConfigError(
             f"cannot create the fingerprint key file {path}: {exc.strerror or exc}; "
@@ -140,14 +141,6 @@ def _create(path: Path) -> FingerprintKey:
     created = FingerprintKey(key)
     log.info("fingerprint_key_created", path=str(path), key_id=created.key_id)
     return created
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _warn_if_shared(path: Path) -> None:

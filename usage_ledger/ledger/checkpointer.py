@@ -37,6 +37,7 @@ from usage_ledger.ledger.checkpoint import (
     sign_checkpoint,
 )
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.durable import fsync_dir
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, decode_event
 from usage_ledger.ledger.schema import events
@@ -65,11 +66,7 @@ def write_checkpoint_file(path: Path, note: str) -> None:
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        fsync_dir(path.parent)
     except OSError as exc:
         raise ConfigError(f"cannot write checkpoint {path}: {exc}") from exc
 

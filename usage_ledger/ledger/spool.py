@@ -31,6 +31,7 @@ from pathlib import Path
 import msgspec
 
 from usage_ledger.ledger.blobs import PreparedBlob
+from usage_ledger.ledger.durable import fsync_dir
 from usage_ledger.ledger.errors import ConfigError, SpoolWriteFailed
 from usage_ledger.ledger.events import NewEvent
 
@@ -191,7 +192,7 @@ class Spool:
                 _write_all(new_fd, good)
                 os.fsync(new_fd)
                 os.replace(tmp, self.path)
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
             except BaseException:
                 os.close(new_fd)
                 tmp.unlink(missing_ok=True)
@@ -226,14 +227,6 @@ def _write_file(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         _write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
         os.fsync(fd)
     finally:
         os.close(fd)
