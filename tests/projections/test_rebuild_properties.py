@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import fnmatch
 import itertools
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta, timezone
 from typing import Any
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert, select
@@ -23,11 +25,13 @@ from usage_ledger.ledger.events import (
     RunAnnotated,
     Timings,
     Usage,
+    encode_event,
     new_event,
     utc_now,
 )
 from usage_ledger.ledger.read import head_position
 from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.projections.call_rules import TIMESTAMP_SHAPES
 from usage_ledger.projections.engine import PROJECTIONS, catch_up
 from usage_ledger.projections.rebuild import load_version
 
@@ -217,3 +221,12 @@ async def test_bulk_load_digest_equals_incremental(
                 )
             )
             assert checkpoint.scalar_one() == head
+
+
+@given(st.datetimes(timezones=st.just(UTC)))
+def test_every_utc_moment_is_stored_in_one_of_the_shapes_the_bulk_sql_reads(moment: Any) -> None:
+    """`call_rules.TIMESTAMP_SHAPES` are the shapes the event encoder writes: a call whose moments are
+    all UTC can be plain (loaded in bulk) whatever their microseconds."""
+    body = CallStarted(call_id="c", received_at=moment, method="POST", path="/v1/chat/completions", model="m")
+    stored = msgspec.json.decode(encode_event(body))["received_at"]
+    assert [fnmatch.fnmatchcase(stored, shape) for shape in TIMESTAMP_SHAPES].count(True) == 1, stored

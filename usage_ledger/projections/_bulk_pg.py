@@ -20,13 +20,17 @@ from usage_ledger.projections.call_rules import (
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
     plain_sql,
+    timestamp_shapes,
 )
 
 __all__ = ("PG_STATEMENTS",)
 
 
+_WHOLE, _FRACTION = timestamp_shapes("_")
+
+
 def _ts(v: str) -> str:
-    return f"(CASE WHEN {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z' THEN {v}::timestamptz END)"
+    return f"(CASE WHEN {v} LIKE '{_WHOLE}' OR {v} LIKE '{_FRACTION}' THEN {v}::timestamptz END)"
 
 
 # A payload holding the JSON escape of U+0000: PostgreSQL's JSON functions refuse to parse it at all
@@ -46,7 +50,7 @@ def _parsed(p: str) -> str:
 
 
 def _shape(v: str) -> str:
-    return f"({v} IS NULL OR {v} LIKE '____-__-__T__:__:__Z' OR {v} LIKE '____-__-__T__:__:__.______Z')"
+    return f"({v} IS NULL OR {v} LIKE '{_WHOLE}' OR {v} LIKE '{_FRACTION}')"
 
 
 # `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block (json): JSON numbers written

@@ -32,6 +32,7 @@ from usage_ledger.projections.call_rules import (
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
     plain_sql,
+    timestamp_shapes,
 )
 
 __all__ = (
@@ -47,10 +48,13 @@ __all__ = (
 )
 
 
+_WHOLE, _FRACTION = timestamp_shapes("?")
+
+
 def _ts(v: str) -> str:
     return (
-        f"(CASE WHEN {v} GLOB '????-??-??T??:??:??.??????Z' THEN replace(substr({v}, 1, 26), 'T', ' ') "
-        f"WHEN {v} GLOB '????-??-??T??:??:??Z' THEN replace(substr({v}, 1, 19), 'T', ' ') || '.000000' END)"
+        f"(CASE WHEN {v} GLOB '{_FRACTION}' THEN replace(substr({v}, 1, 26), 'T', ' ') "
+        f"WHEN {v} GLOB '{_WHOLE}' THEN replace(substr({v}, 1, 19), 'T', ' ') || '.000000' END)"
     )
 
 

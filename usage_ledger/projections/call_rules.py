@@ -22,6 +22,7 @@ __all__ = (
     "ROW_VALUES_SQL",
     "SPEC_COUNT_DIGITS",
     "SPEC_DECODE_KEYS",
+    "TIMESTAMP_SHAPES",
     "decode_rate_note",
     "decode_tps",
     "ended_at",
@@ -29,6 +30,7 @@ __all__ = (
     "plain_sql",
     "prefill_tps",
     "spec_decode_counts",
+    "timestamp_shapes",
 )
 
 FAILED_STATUSES = ("error", "failed")
@@ -52,6 +54,18 @@ STATUS_SQL = f"""CASE WHEN e.pos IS NULL THEN 'incomplete'
 USAGE_SOURCE_SQL = "CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END"
 TOKENS_SQL = "COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens"
 """No usage: 0 tokens (never invented; `usage_source` says `absent`)."""
+
+
+TIMESTAMP_SHAPES = ("????-??-??T??:??:??Z", "????-??-??T??:??:??.??????Z")
+"""The two shapes msgspec writes a UTC datetime in (whole seconds; microseconds), `?` one character:
+the bulk SQL reads a stored moment only in these (any other shape makes the call not plain, and the
+Python fold reads it)."""
+
+
+def timestamp_shapes(one_char: str) -> tuple[str, str]:
+    """`TIMESTAMP_SHAPES` as patterns whose one-character wildcard is `one_char` (`_` for LIKE)."""
+    whole, fraction = (shape.replace("?", one_char) for shape in TIMESTAMP_SHAPES)
+    return whole, fraction
 
 
 def ended_at(
