@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-from datetime import UTC, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import msgspec
@@ -224,7 +224,7 @@ async def test_bulk_load_digest_equals_incremental(
 
 
 @given(st.datetimes(timezones=st.just(UTC)))
-def test_every_utc_moment_is_stored_in_one_of_the_shapes_the_bulk_sql_reads(moment: Any) -> None:
+def test_every_utc_moment_is_stored_in_one_of_the_shapes_the_bulk_sql_reads(moment: datetime) -> None:
     """`call_rules.TIMESTAMP_SHAPES` are the shapes the event encoder writes: a call whose moments are
     all UTC can be plain (loaded in bulk) whatever their microseconds."""
     body = CallStarted(call_id="c", received_at=moment, method="POST", path="/v1/chat/completions", model="m")

@@ -37,10 +37,10 @@ from tests.realvllm.checks import (
     running_stack,
 )
 from tests.realvllm.harness import LedgerCall, Tally
+from tests.realvllm.leave import LONG_STREAM_TOKENS, leave_stream
 from tests.realvllm.promtext import parse_samples, total
 from tests.realvllm.servers import (
     CONFIGS,
-    MODEL_NAME,
     VllmServer,
     default_vllm_python,
     missing_vllm_message,
@@ -71,8 +71,7 @@ BASIC = (
 )
 RESPONSES = ("responses", "responses_stream")
 SAMPLED = ("chat_n2", "chat_stream_n2", "completions_n2")
-ABORTED_MAX_TOKENS = 900
-ABORT_ATTEMPTS = 10
+ABORT_ATTEMPTS = 20
 ERRORS = ("error_unknown_model", "error_bad_json", "error_too_long", "error_too_long_stream")
 
 
@@ -242,8 +241,8 @@ class GenerateTier:
         are a lower bound of vLLM's, and its one failed call has no counterpart in vLLM's requests.
 
         On vLLM CPU the engine sometimes generates all of a stream before its client has the fourth
-        chunk: vLLM's server process holds the stream back 1.3-2 s while the engine runs on (straight
-        to vLLM, no gateway, one more busy process on the two cores: 6 of 20 streams; docs/server.md).
+        chunk: the chunks arrive 1-2 s late while the engine runs on, with no gateway in the path, on
+        two cores with one more busy process (`bench/vllm_stalls.py --busy 1`, docs/real-vllm.md).
         Such a stream tests nothing about aborting, so the client tries again, up to ABORT_ATTEMPTS
         times, in one run (a run's first call makes the gateway sample /metrics, one more stall):
         every attempt's call is held to vLLM's count, the first one vLLM did not finish to all the
@@ -258,7 +257,7 @@ class GenerateTier:
         else:
             pytest.fail(f"vLLM finished all {ABORT_ATTEMPTS} streams: none was aborted when its client left")
         end = call.end
-        assert vllm.completion_tokens < ABORTED_MAX_TOKENS, f"vLLM generated to the end, nothing aborted it: {vllm}"
+        assert vllm.completion_tokens < LONG_STREAM_TOKENS, f"vLLM generated to the end, nothing aborted it: {vllm}"
         assert end.usage_source in ("partial", "counted"), f"usage_source {end.usage_source!r} for an aborted stream"
         if end.usage_source == "partial":  # the last per-chunk usage carries the prompt's tokens
             assert call.prompt_tokens == vllm.prompt_tokens, (call.prompt_tokens, vllm)
@@ -269,24 +268,7 @@ def _leave_mid_stream(stack: Stack, run: str, case: str) -> tuple[LedgerCall, Ta
     vLLM's counters over it once vLLM is idle again."""
     client = harness.sdk_client(stack.gateway_url, **{"X-Ledger-Run": run, "X-Ledger-Tag-Case": case})
     before = harness.scrape_counters(stack.vllm.url)
-    seen = 0
-    # Sampled, not greedy: greedily the tiny model repeats itself, so the ngram speculator's three
-    # draft tokens can all be accepted, four tokens a step; in CI (stop 29) the stream had ended
-    # before the client's fourth chunk. Sampled, a step yields about one token, as in the other
-    # configurations; ignore_eos keeps an end-of-text from ending the stream before the client leaves.
-    with client.chat.completions.with_streaming_response.create(
-        model=MODEL_NAME,
-        messages=[{"role": "user", "content": "Write the whole night's report."}],
-        max_tokens=ABORTED_MAX_TOKENS,
-        temperature=1.0,
-        seed=7,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    ) as streamed:
-        for line in streamed.iter_lines():
-            seen += line.startswith("data: {")
-            if seen == 4:
-                break  # leaving the block closes the connection mid-stream
+    leave_stream(client)
     vllm = harness.scrape_counters(stack.vllm.url) - before
     calls = [c for c in harness.ledger_calls(stack.db_url, run) if c.case == case]
     assert len(calls) == 1 and calls[0].end is not None, calls
