@@ -19,7 +19,10 @@ from usage_ledger.projections.call_rules import (
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
+    end_fields_sql,
     plain_sql,
+    start_fields_sql,
+    start_values_sql,
     timestamp_shapes,
 )
 
@@ -53,6 +56,44 @@ def _shape(v: str) -> str:
     return f"({v} IS NULL OR {v} LIKE '{_WHOLE}' OR {v} LIKE '{_FRACTION}')"
 
 
+class _PostgresPayload:
+    """`call_rules.PayloadSQL` for PostgreSQL, over the records `json_to_record` reads the payload into
+    (one parse of its text each): `r` for the payload, and `u`, `t` for its `usage`, `timings` in the ends."""
+
+    position = "e.position"
+    type = "e.type"
+    clean = _CLEAN.format(p="e.payload")
+    _RECORDS = {"usage": "u", "timings": "t"}
+
+    def field(self, path: str) -> str:
+        top, _, inner = path.partition(".")
+        if not inner:
+            return f"r.{top}"
+        return f"{self._RECORDS[top]}.{inner}" if top in self._RECORDS else f"r.{top} ->> '{inner}'"
+
+    def json(self, path: str) -> str:
+        top, _, inner = path.partition(".")
+        return f"r.{top} -> '{inner}'" if inner else f"r.{top}"
+
+    def json_text(self, path: str) -> str:
+        return f"{self.json(path)}::text"
+
+    def is_object(self, path: str) -> str:
+        return f"json_typeof({self.json(path)}) = 'object'"
+
+    def lacks(self, text: str, char: str) -> str:
+        return f"strpos({text}, '{char}') = 0"
+
+    def integer(self, value: str) -> str:
+        return f"({value})::bigint"
+
+    def moment(self, value: str) -> str:
+        return _ts(value)
+
+
+_P = _PostgresPayload()
+
+
 # `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block (json): JSON numbers written
 # as plain digits in range (msgspec writes a float with a point or an exponent), all three or none.
 _SPEC_OK = " AND ".join(
@@ -65,15 +106,14 @@ _SPEC = ", ".join(
 
 _STARTS = f"""
 CREATE TEMP TABLE rebuild_starts AS
-SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.started' AS started, r.run, r.tags ->> 'ticker' AS ticker,
-       r.model, r.request_blob,
-       CASE WHEN r.tags IS NULL THEN '{{}}'
-            WHEN json_typeof(r.tags) = 'object' AND strpos(r.tags::text, '\\') = 0 THEN r.tags::text END AS tags,
-       {_ts("r.received_at")} AS started_at
-FROM ledger_events e,
-     json_to_record({_parsed("e.payload")}) AS r(call_id text, run text, tags json, model text,
-                                                 request_blob text, received_at text)
-WHERE e.position <= :head AND e.type IN ('call.started', 'call.imported', 'call.retagged')
+SELECT {start_values_sql(_P)}
+FROM (
+  SELECT {start_fields_sql(_P)}
+  FROM ledger_events e,
+       json_to_record({_parsed("e.payload")}) AS r(call_id text, run text, tags json, model text,
+                                                   request_blob text, received_at text)
+  WHERE e.position <= :head AND e.type IN ('call.started', 'call.imported', 'call.retagged')
+) x
 """
 
 _ENDS = f"""
@@ -84,13 +124,7 @@ SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, pro
        {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
        AND {_shape("t_finished")} AND clean AS valid
 FROM (
-  SELECT r.call_id AS cid, e.position AS pos, e.type = 'call.finished' AS finished,
-         (CASE WHEN e.type = 'call.finished' THEN r.status ELSE r.client_status END)::bigint AS http_status,
-         CASE WHEN e.type = 'call.failed' THEN r.reason END AS reason, r.response_blob, r.usage_source,
-         u.prompt_tokens AS prompt, u.completion_tokens AS completion, u.cached_tokens AS cached,
-         CASE WHEN e.type = 'call.finished' THEN r.request_metrics -> 'speculative_decoding' END AS sd,
-         t.received AS t_received, t.upstream_headers AS t_headers, t.first_token AS t_first, t.last_token AS t_last,
-         t.finished AS t_finished, {_CLEAN.format(p="e.payload")} AS clean
+  SELECT {end_fields_sql(_P)}
   FROM ledger_events e
   CROSS JOIN LATERAL json_to_record({_parsed("e.payload")}) AS r(call_id text, status text, client_status text,
                                                                reason text, response_blob text, usage_source text,

@@ -31,7 +31,10 @@ from usage_ledger.projections.call_rules import (
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     SPEC_DECODE_KEYS,
+    end_fields_sql,
     plain_sql,
+    start_fields_sql,
+    start_values_sql,
     timestamp_shapes,
 )
 
@@ -63,13 +66,38 @@ def _us(t: str) -> str:
     return f"(unixepoch(substr({t}, 1, 19)) * 1000000 + substr({t}, 21, 6))"
 
 
-def _j(path: str) -> str:
-    return f"payload ->> '$.{path}'"
+class _SQLitePayload:
+    """`call_rules.PayloadSQL` for SQLite: each `->>` looks its path up in the parse SQLite keeps of the
+    payload, so every field is read once, in the innermost layer."""
+
+    position = "position"
+    type = "type"
+    # the escape of U+0000 in the text (the Python fold gives such an event's row, as on PostgreSQL,
+    # whose JSON functions cannot parse it at all)
+    clean = r"instr(payload, '\u0000') = 0"
+
+    def field(self, path: str) -> str:
+        return f"payload ->> '$.{path}'"
+
+    json_text = field  # `->>` gives an object's JSON text
+
+    def json(self, path: str) -> str:
+        return f"payload -> '$.{path}'"
+
+    def is_object(self, path: str) -> str:
+        return f"json_type(payload, '$.{path}') = 'object'"
+
+    def lacks(self, text: str, char: str) -> str:
+        return f"instr({text}, '{char}') = 0"
+
+    def integer(self, value: str) -> str:
+        return value  # `->>` gives a JSON integer as one
+
+    def moment(self, value: str) -> str:
+        return _ts(value)
 
 
-# A payload holding the JSON escape of U+0000 is never plain: the Python fold gives its row under the
-# one rule of `projections.text` (as on PostgreSQL, whose JSON functions cannot parse it at all).
-_CLEAN = r"instr(payload, '\u0000') = 0 AS clean"
+_P = _SQLitePayload()
 
 NOTE_FUNCTION = "rebuild_note"
 """A function of one argument, the position, that the scanning connection must define; always true."""
@@ -83,14 +111,9 @@ _STARTS = f"""
 CREATE TABLE work.rebuild_starts AS
 SELECT cid, pos, started, run, ticker, model, request_blob, tags, started_at, {_us("started_at")} AS started_us
 FROM (
-  SELECT cid, pos, started, run, ticker, model, request_blob,
-         CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_type = 'object' AND instr(tags, '\\') = 0 THEN tags END AS tags,
-         CASE WHEN clean THEN {_ts("received_at")} END AS started_at
+  SELECT {start_values_sql(_P)}
   FROM (
-    SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.started' AS started, {_CLEAN},
-           {_j("run")} AS run, {_j("tags.ticker")} AS ticker, {_j("tags")} AS tags,
-           json_type(payload, '$.tags') AS tags_type, {_j("model")} AS model,
-           {_j("request_blob")} AS request_blob, {_j("received_at")} AS received_at
+    SELECT {start_fields_sql(_P)}
     FROM ledger_events
     WHERE position <= :head AND {_NOTE} AND +type IN ('call.started', 'call.imported', 'call.retagged')
     LIMIT -1
@@ -122,17 +145,7 @@ FROM (
            sd, sd IS NOT NULL AND {_SPEC_OK} AS spec_ok,
            {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
     FROM (
-      SELECT {_j("call_id")} AS cid, position AS pos, type = 'call.finished' AS finished, {_CLEAN},
-             CASE WHEN type = 'call.finished' THEN {_j("status")}
-                  ELSE {_j("client_status")} END AS http_status,
-             CASE WHEN type = 'call.failed' THEN {_j("reason")} END AS reason,
-             {_j("response_blob")} AS response_blob, {_j("usage_source")} AS usage_source,
-             {_j("usage.prompt_tokens")} AS prompt, {_j("usage.completion_tokens")} AS completion,
-             {_j("usage.cached_tokens")} AS cached,
-             CASE WHEN type = 'call.finished' THEN payload -> '$.request_metrics.speculative_decoding' END AS sd,
-             {_j("timings.received")} AS t_received, {_j("timings.upstream_headers")} AS t_headers,
-             {_j("timings.first_token")} AS t_first, {_j("timings.last_token")} AS t_last,
-             {_j("timings.finished")} AS t_finished
+      SELECT {end_fields_sql(_P)}
       FROM ledger_events
       WHERE position BETWEEN :first AND :last AND {_NOTE} AND +type IN ('call.finished', 'call.failed')
       LIMIT -1

@@ -13,7 +13,7 @@ has none). `ROW_COLUMNS_SQL` over `ROW_VALUES_SQL` is the row both backends writ
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = (
     "CALL_STATUSES",
@@ -23,13 +23,17 @@ __all__ = (
     "SPEC_COUNT_DIGITS",
     "SPEC_DECODE_KEYS",
     "TIMESTAMP_SHAPES",
+    "PayloadSQL",
     "decode_rate_note",
     "decode_tps",
+    "end_fields_sql",
     "ended_at",
     "finished_status",
     "plain_sql",
     "prefill_tps",
     "spec_decode_counts",
+    "start_fields_sql",
+    "start_values_sql",
     "timestamp_shapes",
 )
 
@@ -147,6 +151,90 @@ input_tokens, output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tok
 request_blob, response_blob, 0 AS retags, last_position, plain"""
 """The calls row (every column but `version`, in the table's order) and `plain`, selected over
 `ROW_VALUES_SQL` and the durations: what both backends' bulk SQL writes to `rebuild_rows`."""
+
+
+class PayloadSQL(Protocol):
+    """How one backend's bulk scans read a stored event: its JSON functions differ, what they read does not
+    (`start_fields_sql`, `start_values_sql`, `end_fields_sql`)."""
+
+    position: str
+    type: str
+    """The event's position and type columns."""
+    clean: str
+    """True when the payload holds no JSON escape of U+0000 (such an event is never plain)."""
+
+    def field(self, path: str) -> str:
+        """The scalar at dotted `path` in the payload, as text or number (NULL when absent)."""
+        ...
+
+    def json(self, path: str) -> str:
+        """The value at `path` as the backend's JSON (NULL when absent)."""
+        ...
+
+    def json_text(self, path: str) -> str:
+        """The value at `path` as its JSON text (NULL when absent)."""
+        ...
+
+    def is_object(self, path: str) -> str:
+        """Whether the value at `path` is a JSON object."""
+        ...
+
+    def lacks(self, text: str, char: str) -> str:
+        """Whether `text` does not hold `char`."""
+        ...
+
+    def integer(self, value: str) -> str:
+        """`value`, read by `field`, as an integer."""
+        ...
+
+    def moment(self, value: str) -> str:
+        """`value`, a moment read by `field`, as the backend stores a timestamp when it has one of
+        `TIMESTAMP_SHAPES`; else NULL."""
+        ...
+
+
+def start_fields_sql(p: PayloadSQL) -> str:
+    """What a scan reads of a start (`started` false for an import or retag, which make a call not plain)."""
+    return f"""{p.field("call_id")} AS cid, {p.position} AS pos, {p.type} = 'call.started' AS started, {p.clean} AS clean,
+{p.field("run")} AS run, {p.field("tags.ticker")} AS ticker, {p.json_text("tags")} AS tags,
+{p.is_object("tags")} AS tags_object, {p.field("model")} AS model, {p.field("request_blob")} AS request_blob,
+{p.field("received_at")} AS received_at"""
+
+
+_BACKSLASH = "\\"  # (an f-string's expression cannot hold one before Python 3.12)
+
+
+def start_values_sql(p: PayloadSQL) -> str:
+    """A start's values over `start_fields_sql`: its tags only when their stored JSON is canonical
+    (`encode_event` sorts them; nothing escaped), its time only in one of `TIMESTAMP_SHAPES`; else NULL,
+    and the call is not plain."""
+    return f"""cid, pos, started, run, ticker, model, request_blob,
+CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_object AND {p.lacks("tags", _BACKSLASH)} THEN tags END AS tags,
+CASE WHEN clean THEN {p.moment("received_at")} END AS started_at"""
+
+
+def end_fields_sql(p: PayloadSQL) -> str:
+    """What a scan reads of an end: `call.finished` (its status, request metrics) or `call.failed` (the
+    status its client got, the reason), `fold_call`'s `_finish`; moments as stored, `t_*`."""
+    finished, failed = (f"{p.type} = 'call.{kind}'" for kind in ("finished", "failed"))
+    timings = ", ".join(
+        f"{p.field('timings.' + name)} AS t_{alias}"
+        for name, alias in (
+            ("received", "received"),
+            ("upstream_headers", "headers"),
+            ("first_token", "first"),
+            ("last_token", "last"),
+            ("finished", "finished"),
+        )
+    )
+    return f"""{p.field("call_id")} AS cid, {p.position} AS pos, {finished} AS finished, {p.clean} AS clean,
+{p.integer(f"CASE WHEN {finished} THEN {p.field('status')} ELSE {p.field('client_status')} END")} AS http_status,
+CASE WHEN {failed} THEN {p.field("reason")} END AS reason,
+{p.field("response_blob")} AS response_blob, {p.field("usage_source")} AS usage_source,
+{p.field("usage.prompt_tokens")} AS prompt, {p.field("usage.completion_tokens")} AS completion,
+{p.field("usage.cached_tokens")} AS cached,
+CASE WHEN {finished} THEN {p.json("request_metrics.speculative_decoding")} END AS sd,
+{timings}"""
 
 
 def plain_sql(*, one_start: str, one_end: str) -> str:
