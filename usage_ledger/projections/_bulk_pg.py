@@ -6,7 +6,8 @@
     every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
 
 `json_to_record` reads every field a statement needs in one pass over the payload text (no
-`::jsonb` of whole payloads). Values as `fold_call` computes them, with the same rules as the
+`::jsonb` of whole payloads); which fields, and what becomes of them, is `call_rules`' (over
+`_PostgresPayload`). Values as `fold_call` computes them, with the same rules as the
 SQLite statements (`_bulk_sqlite`): timestamps only in the two shapes msgspec writes for UTC,
 tags only when their stored JSON is canonical, durations exact (`EXTRACT(EPOCH …)` is numeric),
 no payload holding a `\\u0000` escape.

@@ -12,10 +12,11 @@ rows on two processes, each into a work file of its own.
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
-decides). Each statement reads a JSON field once (every `->>` looks the path up in the payload's
-parse again and copies the value out; on SQLite ≥ 3.45 `->>` is cheaper than `json_extract`) and computes each derived value once, in layers fenced with
-`LIMIT -1` so the planner does not inline them. Sorting happens once, on the call id alone (two
-small indexes), instead of grouping every event with its payload.
+decides). Which fields the scans read is `call_rules`' (over `_SQLitePayload`). Each statement
+reads a JSON field once (every `->>` looks the path up in the payload's parse again and copies the
+value out; on SQLite ≥ 3.45 `->>` is cheaper than `json_extract`) and computes each derived value
+once, in layers fenced with `LIMIT -1` so the planner does not inline them. Sorting happens once,
+on the call id alone (two small indexes), instead of grouping every event with its payload.
 
 Values, exactly as `fold_call` computes them for a plain call: timestamps only in the two shapes
 msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy stores them on SQLite

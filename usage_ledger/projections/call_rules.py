@@ -5,9 +5,13 @@ bulk); the bulk rebuild runs them as SQL on both backends (`_bulk_sqlite`, `_bul
 fragments below). A rule changed here changes for every builder; the digest property tests
 (tests/projections/test_rebuild_properties.py) hold the Python and the SQL to the same rows.
 
-The SQL reads the work tables' names: `s` is the call's start, `e` its end (NULL `e.pos` when it
-has none). `ROW_COLUMNS_SQL` over `ROW_VALUES_SQL` is the row both backends write for a plain call
-(`plain_sql`); what stays per backend is reading the payloads and the time arithmetic.
+What the scans read of each event is written once too (`start_fields_sql`, `end_fields_sql`, over
+each backend's JSON access, `PayloadSQL`); tests/projections/test_bulk_fields.py holds those reads
+to the fields `fold_call`'s slim events declare. The row's SQL reads the work tables' names: `s` is
+the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over
+`ROW_VALUES_SQL` is the row both backends write for a plain call (`plain_sql`); what stays per
+backend is how it parses a payload once, the checks of the spec counters' and moments' stored
+form, and the time arithmetic.
 """
 
 from __future__ import annotations
