@@ -7,12 +7,13 @@ collects every payload path they read, and the paths must be the fields `fold_ca
 
 from __future__ import annotations
 
+import re
 import typing
 
 import msgspec
 
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
-from usage_ledger.projections.call_rules import end_fields_sql, start_fields_sql, start_values_sql
+from usage_ledger.projections.call_rules import END_KEPT_SQL, end_fields_sql, start_fields_sql, start_values_sql
 
 
 class _Recorder:
@@ -79,3 +80,8 @@ def test_the_end_scan_reads_the_fields_of_the_slim_finish_and_failure() -> None:
     recorder = _Recorder()
     end_fields_sql(recorder)
     assert recorder.paths == _paths(SFinished) | _paths(SFailed)
+
+
+def test_the_ends_work_tables_keep_columns_the_end_scan_reads() -> None:
+    selected = re.findall(r" AS (\w+)", end_fields_sql(_Recorder()))
+    assert set(END_KEPT_SQL.split(", ")) <= set(selected)

@@ -16,6 +16,7 @@ no payload holding a `\\u0000` escape.
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
+    END_KEPT_SQL,
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
@@ -119,7 +120,7 @@ FROM (
 
 _ENDS = f"""
 CREATE TEMP TABLE rebuild_ends AS
-SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, {_SPEC},
+SELECT {END_KEPT_SQL}, {_SPEC},
        {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
        COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
        {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}

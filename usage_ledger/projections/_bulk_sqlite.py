@@ -28,6 +28,7 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
+    END_KEPT_SQL,
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
@@ -135,14 +136,14 @@ _SPEC = ", ".join(f"CASE WHEN spec_ok THEN sd ->> '$.{k}' END AS spec_{i}" for i
 # `valid` and the microseconds come from the converted text.
 _TIMES = ("received", "headers", "first", "last", "finished")
 ENDS_SELECT = f"""
-SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, {_SPEC},
+SELECT {END_KEPT_SQL}, {_SPEC},
        ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
        {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AND clean AS valid,
        {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
 FROM (
   SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
   FROM (
-    SELECT cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached, clean,
+    SELECT {END_KEPT_SQL}, clean,
            sd, sd IS NOT NULL AND {_SPEC_OK} AS spec_ok,
            {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
     FROM (

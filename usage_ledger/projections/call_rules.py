@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 __all__ = (
     "CALL_STATUSES",
+    "END_KEPT_SQL",
     "FAILED_STATUSES",
     "ROW_COLUMNS_SQL",
     "ROW_VALUES_SQL",
@@ -215,6 +216,11 @@ def start_values_sql(p: PayloadSQL) -> str:
     return f"""cid, pos, started, run, ticker, model, request_blob,
 CASE WHEN tags IS NULL THEN '{{}}' WHEN tags_object AND {p.lacks("tags", _BACKSLASH)} THEN tags END AS tags,
 CASE WHEN clean THEN {p.moment("received_at")} END AS started_at"""
+
+
+END_KEPT_SQL = "cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached"
+"""The columns of `end_fields_sql` an ends work table keeps as read; each backend adds the spec counters
+and moments once it has checked their stored form (and `valid`, whether they all had it)."""
 
 
 def end_fields_sql(p: PayloadSQL) -> str:
