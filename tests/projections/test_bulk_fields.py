@@ -51,6 +51,12 @@ class _Recorder:
     def moment(self, value: str) -> str:
         return value
 
+    def is_count(self, block: str, key: str) -> str:
+        return f"is_count({block}.{key})"
+
+    def count(self, block: str, key: str) -> str:
+        return f"{block}.{key}"
+
 
 def _struct_of(annotation: object) -> type[msgspec.Struct] | None:
     """The Struct an annotation holds (`X` or `X | None`), if any."""

@@ -20,9 +20,10 @@ from usage_ledger.projections.call_rules import (
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
-    SPEC_DECODE_KEYS,
     end_fields_sql,
     plain_sql,
+    spec_counts_sql,
+    spec_ok_sql,
     start_fields_sql,
     start_values_sql,
     timestamp_shapes,
@@ -92,19 +93,21 @@ class _PostgresPayload:
     def moment(self, value: str) -> str:
         return _ts(value)
 
+    def is_count(self, block: str, key: str) -> str:
+        # a JSON number written as plain digits (msgspec writes a float with a point or an exponent)
+        return (
+            f"json_typeof({block} -> '{key}') = 'number' AND ({block} ->> '{key}') ~ '^[0-9]{{1,{SPEC_COUNT_DIGITS}}}$'"
+        )
+
+    def count(self, block: str, key: str) -> str:
+        return f"({block} ->> '{key}')::bigint"
+
 
 _P = _PostgresPayload()
 
 
-# `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block (json): JSON numbers written
-# as plain digits in range (msgspec writes a float with a point or an exponent), all three or none.
-_SPEC_OK = " AND ".join(
-    f"json_typeof(sd -> '{k}') = 'number' AND (sd ->> '{k}') ~ '^[0-9]{{1,{SPEC_COUNT_DIGITS}}}$'"
-    for k in SPEC_DECODE_KEYS
-)
-_SPEC = ", ".join(
-    f"CASE WHEN {_SPEC_OK} THEN (sd ->> '{k}')::bigint END AS spec_{i}" for i, k in enumerate(SPEC_DECODE_KEYS)
-)
+# the counters, each checked where it is read (a layer holding `spec_ok` would be inlined by the planner)
+_SPEC = spec_counts_sql(_P, spec_ok_sql(_P))
 
 _STARTS = f"""
 CREATE TEMP TABLE rebuild_starts AS

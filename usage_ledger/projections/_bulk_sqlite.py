@@ -32,9 +32,10 @@ from usage_ledger.projections.call_rules import (
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
-    SPEC_DECODE_KEYS,
     end_fields_sql,
     plain_sql,
+    spec_counts_sql,
+    spec_ok_sql,
     start_fields_sql,
     start_values_sql,
     timestamp_shapes,
@@ -98,6 +99,14 @@ class _SQLitePayload:
     def moment(self, value: str) -> str:
         return _ts(value)
 
+    def is_count(self, block: str, key: str) -> str:
+        # `json_type` tells an integer from a real and from `true`/`false`
+        in_range = f"{block} ->> '$.{key}' BETWEEN 0 AND {10**SPEC_COUNT_DIGITS - 1}"
+        return f"json_type({block}, '$.{key}') = 'integer' AND {in_range}"
+
+    def count(self, block: str, key: str) -> str:
+        return f"{block} ->> '$.{key}'"
+
 
 _P = _SQLitePayload()
 
@@ -123,13 +132,8 @@ FROM (
 ) LIMIT -1
 """
 
-# `call_rules.spec_decode_counts` on `sd`, the `speculative_decoding` block's JSON text: JSON integers
-# (`json_type`: booleans are `true`/`false`) in range, all three or none.
-_SPEC_OK = " AND ".join(
-    f"json_type(sd, '$.{k}') = 'integer' AND sd ->> '$.{k}' BETWEEN 0 AND {10**SPEC_COUNT_DIGITS - 1}"
-    for k in SPEC_DECODE_KEYS
-)
-_SPEC = ", ".join(f"CASE WHEN spec_ok THEN sd ->> '$.{k}' END AS spec_{i}" for i, k in enumerate(SPEC_DECODE_KEYS))
+# the counters' test once per row, into `spec_ok`, a layer below their values
+_SPEC = spec_counts_sql(_P, "spec_ok")
 
 # The ends scan's SELECT over positions `:first` to `:last` (`_sqlite_prepare` splits them between its
 # two scan connections). Each moment's shape is checked once (`_ts` is NULL for any other shape):
@@ -144,7 +148,7 @@ FROM (
   SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
   FROM (
     SELECT {END_KEPT_SQL}, clean,
-           sd, sd IS NOT NULL AND {_SPEC_OK} AS spec_ok,
+           sd, sd IS NOT NULL AND {spec_ok_sql(_P)} AS spec_ok,
            {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
     FROM (
       SELECT {end_fields_sql(_P)}

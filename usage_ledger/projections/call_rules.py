@@ -36,7 +36,9 @@ __all__ = (
     "finished_status",
     "plain_sql",
     "prefill_tps",
+    "spec_counts_sql",
     "spec_decode_counts",
+    "spec_ok_sql",
     "start_fields_sql",
     "start_values_sql",
     "timestamp_shapes",
@@ -197,11 +199,20 @@ class PayloadSQL(Protocol):
         `TIMESTAMP_SHAPES`; else NULL."""
         ...
 
+    def is_count(self, block: str, key: str) -> str:
+        """Whether `key` of `block`, read by `json`, is what `spec_decode_counts` keeps: a JSON integer
+        0 ≤ n < 10**`SPEC_COUNT_DIGITS` (what the stored text tells; not a boolean)."""
+        ...
+
+    def count(self, block: str, key: str) -> str:
+        """That integer."""
+        ...
+
 
 def start_fields_sql(p: PayloadSQL) -> str:
     """What a scan reads of a start (`started` false for an import or retag, which make a call not plain)."""
-    return f"""{p.field("call_id")} AS cid, {p.position} AS pos, {p.type} = 'call.started' AS started, {p.clean} AS clean,
-{p.field("run")} AS run, {p.field("tags.ticker")} AS ticker, {p.json_text("tags")} AS tags,
+    return f"""{p.field("call_id")} AS cid, {p.position} AS pos, {p.type} = 'call.started' AS started,
+{p.clean} AS clean, {p.field("run")} AS run, {p.field("tags.ticker")} AS ticker, {p.json_text("tags")} AS tags,
 {p.is_object("tags")} AS tags_object, {p.field("model")} AS model, {p.field("request_blob")} AS request_blob,
 {p.field("received_at")} AS received_at"""
 
@@ -245,6 +256,19 @@ CASE WHEN {failed} THEN {p.field("reason")} END AS reason,
 {p.field("usage.cached_tokens")} AS cached,
 CASE WHEN {finished} THEN {p.json("request_metrics.speculative_decoding")} END AS sd,
 {timings}"""
+
+
+def spec_ok_sql(p: PayloadSQL) -> str:
+    """`spec_decode_counts`' test of `sd`, the block `end_fields_sql` reads: all three counters, or none."""
+    return " AND ".join(p.is_count("sd", key) for key in SPEC_DECODE_KEYS)
+
+
+def spec_counts_sql(p: PayloadSQL, ok: str) -> str:
+    """The counters as `spec_0`, `spec_1`, `spec_2` (`SPEC_DECODE_KEYS`' order) where `ok` holds
+    (`spec_ok_sql`, or a column holding it), else NULL."""
+    return ", ".join(
+        f"CASE WHEN {ok} THEN {p.count('sd', key)} END AS spec_{i}" for i, key in enumerate(SPEC_DECODE_KEYS)
+    )
 
 
 def plain_sql(*, one_start: str, one_end: str) -> str:
