@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
     END_KEPT_SQL,
+    END_VALID_SQL,
+    ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     end_fields_sql,
+    end_moments_sql,
     plain_sql,
     spec_counts_sql,
     spec_ok_sql,
@@ -53,10 +56,6 @@ _CALL_ID_ONLY = (
 def _parsed(p: str) -> str:
     """The payload `p` as json for `json_to_record`: whole when it has no NUL escape, else its call id alone."""
     return f"(CASE WHEN {_CLEAN.format(p=p)} THEN {p}::json ELSE {_CALL_ID_ONLY.format(p=p)} END)"
-
-
-def _shape(v: str) -> str:
-    return f"({v} IS NULL OR {v} LIKE '{_WHOLE}' OR {v} LIKE '{_FRACTION}')"
 
 
 class _PostgresPayload:
@@ -124,24 +123,26 @@ FROM (
 _ENDS = f"""
 CREATE TEMP TABLE rebuild_ends AS
 SELECT {END_KEPT_SQL}, {_SPEC},
-       {_ts("t_first")} AS first_token_at, {_ts("t_last")} AS last_token_at,
-       COALESCE({_ts("t_finished")}, {_ts("t_last")}, {_ts("t_headers")}, {_ts("t_received")}) AS ended_at,
-       {_shape("t_received")} AND {_shape("t_headers")} AND {_shape("t_first")} AND {_shape("t_last")}
-       AND {_shape("t_finished")} AND clean AS valid
+       ts_first AS first_token_at, ts_last AS last_token_at, {ENDED_AT_SQL} AS ended_at, {END_VALID_SQL} AS valid
 FROM (
-  SELECT {end_fields_sql(_P)}
-  FROM ledger_events e
-  CROSS JOIN LATERAL json_to_record({_parsed("e.payload")}) AS r(call_id text, status text, client_status text,
-                                                               reason text, response_blob text, usage_source text,
-                                                               usage json, timings json, request_metrics json)
-  LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint, cached_tokens bigint)
-    ON true
-  LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,
-                                                   last_token text, finished text)
-    ON true
-  WHERE e.position <= :head AND e.type IN ('call.finished', 'call.failed')
+  SELECT {END_KEPT_SQL}, clean, sd, {end_moments_sql(_P)}
+  FROM (
+    SELECT {end_fields_sql(_P)}
+    FROM ledger_events e
+    CROSS JOIN LATERAL json_to_record({_parsed("e.payload")}) AS r(call_id text, status text, client_status text,
+                                                                 reason text, response_blob text, usage_source text,
+                                                                 usage json, timings json, request_metrics json)
+    LEFT JOIN LATERAL json_to_record(r.usage) AS u(prompt_tokens bigint, completion_tokens bigint,
+                                                   cached_tokens bigint)
+      ON true
+    LEFT JOIN LATERAL json_to_record(r.timings) AS t(received text, upstream_headers text, first_token text,
+                                                     last_token text, finished text)
+      ON true
+    WHERE e.position <= :head AND e.type IN ('call.finished', 'call.failed')
+    OFFSET 0
+  ) x
   OFFSET 0
-) x
+) y
 """
 
 # One row per start (two if it has two ends); only `plain` rows are copied.

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
     END_KEPT_SQL,
+    END_VALID_SQL,
+    ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
     ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     end_fields_sql,
+    end_moments_sql,
     plain_sql,
     spec_counts_sql,
     spec_ok_sql,
@@ -138,18 +141,17 @@ _SPEC = spec_counts_sql(_P, "spec_ok")
 # The ends scan's SELECT over positions `:first` to `:last` (`_sqlite_prepare` splits them between its
 # two scan connections). Each moment's shape is checked once (`_ts` is NULL for any other shape):
 # `valid` and the microseconds come from the converted text.
-_TIMES = ("received", "headers", "first", "last", "finished")
 ENDS_SELECT = f"""
 SELECT {END_KEPT_SQL}, {_SPEC},
        ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
-       {" AND ".join(f"(t_{t} IS NULL OR ts_{t} IS NOT NULL)" for t in _TIMES)} AND clean AS valid,
+       {END_VALID_SQL} AS valid,
        {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
 FROM (
-  SELECT *, COALESCE(ts_finished, ts_last, ts_headers, ts_received) AS ended_at
+  SELECT *, {ENDED_AT_SQL} AS ended_at
   FROM (
     SELECT {END_KEPT_SQL}, clean,
            sd, sd IS NOT NULL AND {spec_ok_sql(_P)} AS spec_ok,
-           {", ".join(f"t_{t}, {_ts(f't_{t}')} AS ts_{t}" for t in _TIMES)}
+           {end_moments_sql(_P)}
     FROM (
       SELECT {end_fields_sql(_P)}
       FROM ledger_events

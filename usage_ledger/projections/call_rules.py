@@ -21,7 +21,9 @@ from typing import Any, Protocol
 
 __all__ = (
     "CALL_STATUSES",
+    "ENDED_AT_SQL",
     "END_KEPT_SQL",
+    "END_VALID_SQL",
     "FAILED_STATUSES",
     "ROW_COLUMNS_SQL",
     "ROW_VALUES_SQL",
@@ -32,6 +34,7 @@ __all__ = (
     "decode_rate_note",
     "decode_tps",
     "end_fields_sql",
+    "end_moments_sql",
     "ended_at",
     "finished_status",
     "plain_sql",
@@ -84,6 +87,10 @@ def ended_at(
 ) -> datetime:
     """When a call ended: its final event's moment, else the last thing seen of it."""
     return finished or last_token or headers or received
+
+
+ENDED_AT_SQL = "COALESCE(ts_finished, ts_last, ts_headers, ts_received)"
+"""`ended_at` over the moments of an end as the bulk SQL reads them (`end_moments_sql`)."""
 
 
 def prefill_tps(input_tokens: int, ttft_s: float | None) -> float | None:
@@ -139,6 +146,19 @@ def _spec_count(value: Any) -> int | None:
     return value if type(value) is int and 0 <= value < 10**SPEC_COUNT_DIGITS else None
 
 
+def spec_ok_sql(p: PayloadSQL) -> str:
+    """`spec_decode_counts`' test of `sd`, the block `end_fields_sql` reads: all three counters, or none."""
+    return " AND ".join(p.is_count("sd", key) for key in SPEC_DECODE_KEYS)
+
+
+def spec_counts_sql(p: PayloadSQL, ok: str) -> str:
+    """The counters as `spec_0`, `spec_1`, `spec_2` (`SPEC_DECODE_KEYS`' order) where `ok` holds
+    (`spec_ok_sql`, or a column holding it), else NULL."""
+    return ", ".join(
+        f"CASE WHEN {ok} THEN {p.count('sd', key)} END AS spec_{i}" for i, key in enumerate(SPEC_DECODE_KEYS)
+    )
+
+
 ROW_VALUES_SQL = f"""s.cid AS call_id, s.run, s.ticker, s.tags, s.model, s.request_blob, e.response_blob, s.started_at,
 e.first_token_at, e.last_token_at, e.ended_at,
 {STATUS_SQL} AS status,
@@ -162,7 +182,7 @@ request_blob, response_blob, 0 AS retags, last_position, plain"""
 
 class PayloadSQL(Protocol):
     """How one backend's bulk scans read a stored event: its JSON functions differ, what they read does not
-    (`start_fields_sql`, `start_values_sql`, `end_fields_sql`)."""
+    (`start_fields_sql`, `start_values_sql`, `end_fields_sql`, `end_moments_sql`, `spec_ok_sql`)."""
 
     position: str
     type: str
@@ -234,20 +254,22 @@ END_KEPT_SQL = "cid, pos, finished, http_status, reason, response_blob, usage_so
 and moments once it has checked their stored form (and `valid`, whether they all had it)."""
 
 
+_TIMINGS = (
+    ("received", "received"),
+    ("upstream_headers", "headers"),
+    ("first_token", "first"),
+    ("last_token", "last"),
+    ("finished", "finished"),
+)
+"""An end's moments (its `timings`) and the names the SQL gives them (`t_received` as stored,
+`ts_received` as read…)."""
+
+
 def end_fields_sql(p: PayloadSQL) -> str:
     """What a scan reads of an end: `call.finished` (its status, request metrics) or `call.failed` (the
     status its client got, the reason), `fold_call`'s `_finish`; moments as stored, `t_*`."""
     finished, failed = (f"{p.type} = 'call.{kind}'" for kind in ("finished", "failed"))
-    timings = ", ".join(
-        f"{p.field('timings.' + name)} AS t_{alias}"
-        for name, alias in (
-            ("received", "received"),
-            ("upstream_headers", "headers"),
-            ("first_token", "first"),
-            ("last_token", "last"),
-            ("finished", "finished"),
-        )
-    )
+    timings = ", ".join(f"{p.field('timings.' + name)} AS t_{alias}" for name, alias in _TIMINGS)
     return f"""{p.field("call_id")} AS cid, {p.position} AS pos, {finished} AS finished, {p.clean} AS clean,
 {p.integer(f"CASE WHEN {finished} THEN {p.field('status')} ELSE {p.field('client_status')} END")} AS http_status,
 CASE WHEN {failed} THEN {p.field("reason")} END AS reason,
@@ -258,17 +280,15 @@ CASE WHEN {finished} THEN {p.json("request_metrics.speculative_decoding")} END A
 {timings}"""
 
 
-def spec_ok_sql(p: PayloadSQL) -> str:
-    """`spec_decode_counts`' test of `sd`, the block `end_fields_sql` reads: all three counters, or none."""
-    return " AND ".join(p.is_count("sd", key) for key in SPEC_DECODE_KEYS)
+def end_moments_sql(p: PayloadSQL) -> str:
+    """Over `end_fields_sql`: each moment as stored (`t_first`…) and as read (`ts_first`…: NULL unless it
+    has one of `TIMESTAMP_SHAPES`)."""
+    return ", ".join(f"t_{alias}, {p.moment(f't_{alias}')} AS ts_{alias}" for _, alias in _TIMINGS)
 
 
-def spec_counts_sql(p: PayloadSQL, ok: str) -> str:
-    """The counters as `spec_0`, `spec_1`, `spec_2` (`SPEC_DECODE_KEYS`' order) where `ok` holds
-    (`spec_ok_sql`, or a column holding it), else NULL."""
-    return ", ".join(
-        f"CASE WHEN {ok} THEN {p.count('sd', key)} END AS spec_{i}" for i, key in enumerate(SPEC_DECODE_KEYS)
-    )
+END_VALID_SQL = " AND ".join(f"(t_{alias} IS NULL OR ts_{alias} IS NOT NULL)" for _, alias in _TIMINGS) + " AND clean"
+"""Over `end_moments_sql`: whether the bulk SQL may write an end's values (every moment absent or read, and a
+payload without a U+0000 escape); `plain_sql` reads it as `e.valid`."""
 
 
 def plain_sql(*, one_start: str, one_end: str) -> str:
