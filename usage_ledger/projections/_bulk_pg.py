@@ -20,11 +20,10 @@ from usage_ledger.projections.call_rules import (
     END_VALID_SQL,
     ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
-    ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     end_fields_sql,
     end_moments_sql,
-    plain_sql,
+    row_sql,
     spec_counts_sql,
     spec_ok_sql,
     start_fields_sql,
@@ -146,16 +145,18 @@ FROM (
 ) y
 """
 
-# One row per start (two if it has two ends); only `plain` rows are copied.
+
+def _seconds(later: str, earlier: str) -> str:
+    # `EXTRACT(EPOCH …)` of an interval is numeric: exact microseconds, as `timedelta`'s
+    return f"EXTRACT(EPOCH FROM ({later} - {earlier}))::float8"
+
+
+# One row per start (two if it has two ends, counted per call id); only `plain` rows are copied.
 _ROWS = f"""
 CREATE TEMP TABLE rebuild_rows AS
 SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT {ROW_VALUES_SQL},
-         EXTRACT(EPOCH FROM (e.ended_at - s.started_at))::float8 AS elapsed_s,
-         EXTRACT(EPOCH FROM (e.first_token_at - s.started_at))::float8 AS ttft_s,
-         EXTRACT(EPOCH FROM (e.last_token_at - e.first_token_at))::float8 AS decode_s,
-         {plain_sql(one_start="ns.n = 1", one_end="ne.n = 1")} AS plain
+  SELECT {row_sql(seconds=_seconds, one_start="ns.n = 1", one_end="ne.n = 1")}
   FROM rebuild_starts s
   JOIN (SELECT cid, count(*) AS n FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid) ns ON ns.cid = s.cid
   LEFT JOIN rebuild_ends e ON e.cid = s.cid

@@ -32,11 +32,10 @@ from usage_ledger.projections.call_rules import (
     END_VALID_SQL,
     ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
-    ROW_VALUES_SQL,
     SPEC_COUNT_DIGITS,
     end_fields_sql,
     end_moments_sql,
-    plain_sql,
+    row_sql,
     spec_counts_sql,
     spec_ok_sql,
     start_fields_sql,
@@ -162,8 +161,22 @@ FROM (
 ) LIMIT -1
 """
 
+# Each moment's integer microseconds (the scans computed them once): durations exact, as `timedelta`'s.
+_MICROSECONDS = {
+    "s.started_at": "s.started_us",
+    "e.first_token_at": "e.first_us",
+    "e.last_token_at": "e.last_us",
+    "e.ended_at": "e.ended_us",
+}
+
+
+def _seconds(later: str, earlier: str) -> str:
+    return f"({_MICROSECONDS[later]} - {_MICROSECONDS[earlier]}) / 1000000.0"
+
+
 # One start, one end: `REPEATED_STATEMENTS` listed the call ids with more than one of either.
-_PLAIN = plain_sql(
+_ROW = row_sql(
+    seconds=_seconds,
     one_start="s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts)",
     one_end="s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)",
 )
@@ -174,10 +187,7 @@ _ROWS = f"""
 CREATE TABLE rebuild_rows AS
 SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT {ROW_VALUES_SQL},
-         (e.ended_us - s.started_us) / 1000000.0 AS elapsed_s, (e.first_us - s.started_us) / 1000000.0 AS ttft_s,
-         (e.last_us - e.first_us) / 1000000.0 AS decode_s,
-         {_PLAIN} AS plain
+  SELECT {_ROW}
   FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
   WHERE s.cid IS NOT NULL AND s.started AND s.cid {{op}} :split
   ORDER BY s.cid

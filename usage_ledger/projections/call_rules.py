@@ -8,14 +8,15 @@ fragments below). A rule changed here changes for every builder; the digest prop
 What the scans read of each event is written once too (`start_fields_sql`, `end_fields_sql`, over
 each backend's JSON access, `PayloadSQL`); tests/projections/test_bulk_fields.py holds those reads
 to the fields `fold_call`'s slim events declare. The row's SQL reads the work tables' names: `s` is
-the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over
-`ROW_VALUES_SQL` is the row both backends write for a plain call (`plain_sql`); what stays per
-backend is how it parses a payload once, the checks of the spec counters' and moments' stored
-form, and the time arithmetic.
+the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over `row_sql`
+is the row both backends write for a plain call (`plain_sql`); what stays per backend is how it
+parses a payload once, the checks of the spec counters' and moments' stored form, the time
+arithmetic (`row_sql`'s `seconds`) and how it pairs a call's events.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ __all__ = (
     "finished_status",
     "plain_sql",
     "prefill_tps",
+    "row_sql",
     "spec_counts_sql",
     "spec_decode_counts",
     "spec_ok_sql",
@@ -167,8 +169,16 @@ e.http_status, e.reason AS failure_reason,
 {TOKENS_SQL}, e.cached AS cached_tokens,
 e.spec_0 AS spec_draft_tokens, e.spec_1 AS spec_accepted_tokens, e.spec_2 AS spec_steps,
 COALESCE(e.pos, s.pos) AS last_position"""
-"""A plain call's values from its start `s` and end `e`, for `ROW_COLUMNS_SQL` to select from; each
-backend adds the durations `elapsed_s`, `ttft_s`, `decode_s` (in its own time arithmetic) and `plain`."""
+"""A plain call's values from its start `s` and end `e`, for `ROW_COLUMNS_SQL` to select from (`row_sql`
+adds the durations and `plain`)."""
+
+_DURATIONS = (
+    ("elapsed_s", "e.ended_at", "s.started_at"),
+    ("ttft_s", "e.first_token_at", "s.started_at"),
+    ("decode_s", "e.last_token_at", "e.first_token_at"),
+)
+"""`call_fold._derive`'s durations, each from the later moment it spans (as `ROW_VALUES_SQL` reads it) back
+to the earlier; `decode_s` is not a column, `decode_tps` divides by it."""
 
 ROW_COLUMNS_SQL = f"""call_id, run, ticker, tags, model, 'gateway' AS origin, CAST(NULL AS TEXT) AS source, status,
 http_status, failure_reason, usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s,
@@ -177,7 +187,7 @@ input_tokens, output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tok
 {DECODE_TPS_SQL} AS decode_tps,
 request_blob, response_blob, 0 AS retags, last_position, plain"""
 """The calls row (every column but `version`, in the table's order) and `plain`, selected over
-`ROW_VALUES_SQL` and the durations: what both backends' bulk SQL writes to `rebuild_rows`."""
+`row_sql`: what both backends' bulk SQL writes to `rebuild_rows`."""
 
 
 class PayloadSQL(Protocol):
@@ -289,6 +299,17 @@ def end_moments_sql(p: PayloadSQL) -> str:
 END_VALID_SQL = " AND ".join(f"(t_{alias} IS NULL OR ts_{alias} IS NOT NULL)" for _, alias in _TIMINGS) + " AND clean"
 """Over `end_moments_sql`: whether the bulk SQL may write an end's values (every moment absent or read, and a
 payload without a U+0000 escape); `plain_sql` reads it as `e.valid`."""
+
+
+def row_sql(*, seconds: Callable[[str, str], str], one_start: str, one_end: str) -> str:
+    """The select list of a plain call's row from its start `s` and end `e`, for `ROW_COLUMNS_SQL`:
+    `ROW_VALUES_SQL`, the durations, and `plain` (`plain_sql` over `one_start`, `one_end`).
+
+    `seconds(later, earlier)` is the backend's time arithmetic: the seconds between two moments of the work
+    tables (`e.ended_at`, `s.started_at`…), as `timedelta.total_seconds()` gives them (NULL when either is).
+    """
+    durations = ", ".join(f"{seconds(later, earlier)} AS {name}" for name, later, earlier in _DURATIONS)
+    return f"{ROW_VALUES_SQL},\n{durations},\n{plain_sql(one_start=one_start, one_end=one_end)} AS plain"
 
 
 def plain_sql(*, one_start: str, one_end: str) -> str:
