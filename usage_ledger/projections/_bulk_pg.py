@@ -16,16 +16,12 @@ no payload holding a `\\u0000` escape.
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
-    END_KEPT_SQL,
-    END_VALID_SQL,
-    ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
     SPEC_COUNT_DIGITS,
+    end_checks_sql,
     end_fields_sql,
-    end_moments_sql,
+    end_values_sql,
     row_sql,
-    spec_counts_sql,
-    spec_ok_sql,
     start_fields_sql,
     start_values_sql,
     timestamp_shapes,
@@ -104,10 +100,6 @@ class _PostgresPayload:
 _P = _PostgresPayload()
 
 
-# the counters' test repeated in each counter's CASE, as before the fenced middle layer of `_ENDS` existed
-# (SQLite computes it once, a layer below; not measured here with `spec_ok` in that layer)
-_SPEC = spec_counts_sql(_P, spec_ok_sql(_P))
-
 _STARTS = f"""
 CREATE TEMP TABLE rebuild_starts AS
 SELECT {start_values_sql(_P)}
@@ -122,10 +114,9 @@ FROM (
 
 _ENDS = f"""
 CREATE TEMP TABLE rebuild_ends AS
-SELECT {END_KEPT_SQL}, {_SPEC},
-       ts_first AS first_token_at, ts_last AS last_token_at, {ENDED_AT_SQL} AS ended_at, {END_VALID_SQL} AS valid
+SELECT {end_values_sql(_P)}
 FROM (
-  SELECT {END_KEPT_SQL}, clean, sd, {end_moments_sql(_P)}
+  SELECT {end_checks_sql(_P)}
   FROM (
     SELECT {end_fields_sql(_P)}
     FROM ledger_events e

@@ -28,16 +28,12 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
-    END_KEPT_SQL,
-    END_VALID_SQL,
-    ENDED_AT_SQL,
     ROW_COLUMNS_SQL,
     SPEC_COUNT_DIGITS,
+    end_checks_sql,
     end_fields_sql,
-    end_moments_sql,
+    end_values_sql,
     row_sql,
-    spec_counts_sql,
-    spec_ok_sql,
     start_fields_sql,
     start_values_sql,
     timestamp_shapes,
@@ -134,23 +130,15 @@ FROM (
 ) LIMIT -1
 """
 
-# the counters' test once per row, into `spec_ok`, a layer below their values
-_SPEC = spec_counts_sql(_P, "spec_ok")
-
 # The ends scan's SELECT over positions `:first` to `:last` (`_sqlite_prepare` splits them between its
 # two scan connections). Each moment's shape is checked once (`_ts` is NULL for any other shape):
 # `valid` and the microseconds come from the converted text.
 ENDS_SELECT = f"""
-SELECT {END_KEPT_SQL}, {_SPEC},
-       ts_first AS first_token_at, ts_last AS last_token_at, ended_at,
-       {END_VALID_SQL} AS valid,
-       {_us("ts_first")} AS first_us, {_us("ts_last")} AS last_us, {_us("ended_at")} AS ended_us
+SELECT *, {_us("first_token_at")} AS first_us, {_us("last_token_at")} AS last_us, {_us("ended_at")} AS ended_us
 FROM (
-  SELECT *, {ENDED_AT_SQL} AS ended_at
+  SELECT {end_values_sql(_P)}
   FROM (
-    SELECT {END_KEPT_SQL}, clean,
-           sd, sd IS NOT NULL AND {spec_ok_sql(_P)} AS spec_ok,
-           {end_moments_sql(_P)}
+    SELECT {end_checks_sql(_P)}
     FROM (
       SELECT {end_fields_sql(_P)}
       FROM ledger_events

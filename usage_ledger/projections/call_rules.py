@@ -34,8 +34,10 @@ __all__ = (
     "PayloadSQL",
     "decode_rate_note",
     "decode_tps",
+    "end_checks_sql",
     "end_fields_sql",
     "end_moments_sql",
+    "end_values_sql",
     "ended_at",
     "finished_status",
     "plain_sql",
@@ -153,11 +155,11 @@ def spec_ok_sql(p: PayloadSQL) -> str:
     return " AND ".join(p.is_count("sd", key) for key in SPEC_DECODE_KEYS)
 
 
-def spec_counts_sql(p: PayloadSQL, ok: str) -> str:
-    """The counters as `spec_0`, `spec_1`, `spec_2` (`SPEC_DECODE_KEYS`' order) where `ok` holds
-    (`spec_ok_sql`, or a column holding it), else NULL."""
+def spec_counts_sql(p: PayloadSQL) -> str:
+    """The counters as `spec_0`, `spec_1`, `spec_2` (`SPEC_DECODE_KEYS`' order) where the column `spec_ok`
+    (`spec_ok_sql`, computed once a layer below: `end_checks_sql`) holds, else NULL."""
     return ", ".join(
-        f"CASE WHEN {ok} THEN {p.count('sd', key)} END AS spec_{i}" for i, key in enumerate(SPEC_DECODE_KEYS)
+        f"CASE WHEN spec_ok THEN {p.count('sd', key)} END AS spec_{i}" for i, key in enumerate(SPEC_DECODE_KEYS)
     )
 
 
@@ -260,8 +262,8 @@ CASE WHEN clean THEN {p.moment("received_at")} END AS started_at"""
 
 
 END_KEPT_SQL = "cid, pos, finished, http_status, reason, response_blob, usage_source, prompt, completion, cached"
-"""The columns of `end_fields_sql` an ends work table keeps as read; each backend adds the spec counters
-and moments once it has checked their stored form (and `valid`, whether they all had it)."""
+"""The columns of `end_fields_sql` an ends work table keeps as read (`end_values_sql` adds the spec counters
+and moments once `end_checks_sql` has checked their stored form, and `valid`, whether they all had it)."""
 
 
 _TIMINGS = (
@@ -299,6 +301,18 @@ def end_moments_sql(p: PayloadSQL) -> str:
 END_VALID_SQL = " AND ".join(f"(t_{alias} IS NULL OR ts_{alias} IS NOT NULL)" for _, alias in _TIMINGS) + " AND clean"
 """Over `end_moments_sql`: whether the bulk SQL may write an end's values (every moment absent or read, and a
 payload without a U+0000 escape); `plain_sql` reads it as `e.valid`."""
+
+
+def end_checks_sql(p: PayloadSQL) -> str:
+    """Over `end_fields_sql`, in a layer of its own: the kept columns, the spec counters' test once
+    (`spec_ok`) and each moment as stored and as read (`end_moments_sql`)."""
+    return f"{END_KEPT_SQL}, clean, sd, sd IS NOT NULL AND {spec_ok_sql(p)} AS spec_ok,\n{end_moments_sql(p)}"
+
+
+def end_values_sql(p: PayloadSQL) -> str:
+    """Over `end_checks_sql`: an end's values as the row reads them (`e.…` in `ROW_VALUES_SQL`) and `valid`."""
+    return f"""{END_KEPT_SQL}, {spec_counts_sql(p)},
+ts_first AS first_token_at, ts_last AS last_token_at, {ENDED_AT_SQL} AS ended_at, {END_VALID_SQL} AS valid"""
 
 
 def row_sql(*, seconds: Callable[[str, str], str], one_start: str, one_end: str) -> str:
