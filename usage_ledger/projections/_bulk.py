@@ -53,6 +53,8 @@ _WORK_TABLES = (
     "rebuild_rest",
     "rebuild_starts",
     "rebuild_ends",
+    "rebuild_repeated_starts",
+    "rebuild_repeated_ends",
 )
 
 

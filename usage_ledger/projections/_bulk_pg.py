@@ -2,7 +2,8 @@
 
     ledger_events ≤ head ─┬─ call.started (+ imported, retagged) ──json_to_record──► temp rebuild_starts
                           └─ call.finished / call.failed ──json_to_record──► temp rebuild_ends
-    starts ⟕ their end, with the number of events per call id ──► temp rebuild_rows (+ `plain` flag)
+    the call ids with more than one start, or end ──► temp rebuild_repeated_starts, _ends
+    starts ⟕ their end ──► temp rebuild_rows (+ `plain` flag)
     every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
 
 `json_to_record` reads every field a statement needs in one pass over the payload text (no
@@ -16,11 +17,14 @@ no payload holding a `\\u0000` escape.
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
+    REPEATED_SQL,
     ROW_COLUMNS_SQL,
+    ROWS_FROM_SQL,
     SPEC_COUNT_DIGITS,
     end_checks_sql,
     end_fields_sql,
     end_values_sql,
+    folded_ids_sql,
     row_sql,
     start_fields_sql,
     start_values_sql,
@@ -142,31 +146,29 @@ def _seconds(later: str, earlier: str) -> str:
     return f"EXTRACT(EPOCH FROM ({later} - {earlier}))::float8"
 
 
-# One row per start (two if it has two ends, counted per call id); only `plain` rows are copied.
+# Call ids with more than one start (or retag, import) or more than one end, for `PLAIN_SQL`.
+_REPEATED = tuple(
+    f"CREATE TEMP TABLE rebuild_repeated_{kind} AS {REPEATED_SQL.format(table='rebuild_' + kind)}"
+    for kind in ("starts", "ends")
+)
+
+# One row per start (two if it has two ends); only `plain` rows are copied.
 _ROWS = f"""
 CREATE TEMP TABLE rebuild_rows AS
 SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT {row_sql(seconds=_seconds, one_start="ns.n = 1", one_end="ne.n = 1")}
-  FROM rebuild_starts s
-  JOIN (SELECT cid, count(*) AS n FROM rebuild_starts WHERE cid IS NOT NULL GROUP BY cid) ns ON ns.cid = s.cid
-  LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  LEFT JOIN (SELECT cid, count(*) AS n FROM rebuild_ends WHERE cid IS NOT NULL GROUP BY cid) ne ON ne.cid = s.cid
-  WHERE s.started
+  SELECT {row_sql(seconds=_seconds)}
+  {ROWS_FROM_SQL}
 ) x
 """
 
 # Every call that is not plain (a call id seen anywhere but not copied) with the positions of its events.
-_REST = """
+_REST = f"""
 CREATE TEMP TABLE rebuild_rest AS
 SELECT row_number() OVER () AS k, positions FROM (
   SELECT string_agg(x.pos::text, ',') AS positions
   FROM (SELECT cid, pos FROM rebuild_starts UNION ALL SELECT cid, pos FROM rebuild_ends) x
-  WHERE x.cid IS NULL OR x.cid IN (
-    SELECT call_id FROM rebuild_rows WHERE NOT plain
-    UNION SELECT cid FROM rebuild_starts WHERE NOT started
-    UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)
-  )
+  WHERE x.cid IS NULL OR x.cid IN ({folded_ids_sql(["rebuild_rows"], orphans=True)})
   GROUP BY x.cid
 ) g
 """
@@ -176,6 +178,7 @@ PG_STATEMENTS: tuple[str, ...] = (
     _ENDS,
     "ANALYZE rebuild_starts",
     "ANALYZE rebuild_ends",
+    *_REPEATED,
     _ROWS,
     _REST,
     "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)",

@@ -28,11 +28,14 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
+    REPEATED_SQL,
     ROW_COLUMNS_SQL,
+    ROWS_FROM_SQL,
     SPEC_COUNT_DIGITS,
     end_checks_sql,
     end_fields_sql,
     end_values_sql,
+    folded_ids_sql,
     row_sql,
     start_fields_sql,
     start_values_sql,
@@ -162,22 +165,14 @@ def _seconds(later: str, earlier: str) -> str:
     return f"({_MICROSECONDS[later]} - {_MICROSECONDS[earlier]}) / 1000000.0"
 
 
-# One start, one end: `REPEATED_STATEMENTS` listed the call ids with more than one of either.
-_ROW = row_sql(
-    seconds=_seconds,
-    one_start="s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts)",
-    one_end="s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)",
-)
-
 # One row per start (two if it has two ends), in call-id order; only `plain` rows are copied. `{op}`: the
 # half of the starts, by call id against `:split` (`rows_statement`); the other half goes to a file of its own.
 _ROWS = f"""
 CREATE TABLE rebuild_rows AS
 SELECT {ROW_COLUMNS_SQL}
 FROM (
-  SELECT {_ROW}
-  FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
-  WHERE s.cid IS NOT NULL AND s.started AND s.cid {{op}} :split
+  SELECT {row_sql(seconds=_seconds)}
+  {ROWS_FROM_SQL} AND s.cid {{op}} :split
   ORDER BY s.cid
   LIMIT -1
 )
@@ -191,14 +186,8 @@ SELECT row_number() OVER () AS k,
           SELECT pos FROM rebuild_starts x WHERE x.cid IS ids.cid
           UNION ALL SELECT pos FROM rebuild_ends x WHERE x.cid IS ids.cid
         )) AS positions
-FROM (
-  SELECT call_id AS cid FROM rebuild_rows WHERE NOT plain
-  UNION SELECT call_id FROM u.rebuild_rows WHERE NOT plain
-  UNION SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL
-  {orphans}
-) ids
+FROM ({ids}) ids
 """
-_ORPHANS = "UNION SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)"
 
 # Whether an end may lack a start (a look-up per end finds them). None can when no call id has two
 # starts and every end is in a row of `rebuild_rows` (either half): there each end meets its call's one start.
@@ -223,18 +212,15 @@ def rest_statements(*, orphans: bool) -> tuple[str, ...]:
 
     On a connection whose `main` holds the lower half's `rebuild_rows`, the upper half's attached as `u`.
     """
-    return (_REST.format(orphans=_ORPHANS if orphans else ""), "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")
+    ids = folded_ids_sql(["rebuild_rows", "u.rebuild_rows"], orphans=orphans)
+    return (_REST.format(ids=ids), "CREATE INDEX rebuild_rest_k ON rebuild_rest (k)")
 
 
-# Call ids with more than one start (or retag, import) or more than one end: never plain. Found once
-# in the cid indexes rather than counted per row; NULL ids are left out (`NOT IN` a list holding a
-# NULL is never true), and a NULL id is not plain anyway. Written beside the tables they come from,
-# which both halves of the rows read.
-REPEATED_STATEMENTS = (
-    "CREATE TABLE s.rebuild_repeated_starts AS "
-    "SELECT cid FROM s.rebuild_starts WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
-    "CREATE TABLE e.rebuild_repeated_ends AS "
-    "SELECT cid FROM e.rebuild_ends WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1",
+# Call ids with more than one start (or retag, import) or more than one end, for `PLAIN_SQL`: written
+# beside the tables they come from, which both halves of the rows read.
+REPEATED_STATEMENTS = tuple(
+    f"CREATE TABLE {schema}.rebuild_repeated_{kind} AS {REPEATED_SQL.format(table=f'{schema}.rebuild_{kind}')}"
+    for schema, kind in (("s", "starts"), ("e", "ends"))
 )
 
 # The starts scan on its own connection, into its own work file attached as `work` (the ledger is `main`).

@@ -8,15 +8,15 @@ fragments below). A rule changed here changes for every builder; the digest prop
 What the scans read of each event is written once too (`start_fields_sql`, `end_fields_sql`, over
 each backend's JSON access, `PayloadSQL`); tests/projections/test_bulk_fields.py holds those reads
 to the fields `fold_call`'s slim events declare. The row's SQL reads the work tables' names: `s` is
-the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over `row_sql`
-is the row both backends write for a plain call (`plain_sql`); what stays per backend is how it
-parses a payload once, the checks of the spec counters' and moments' stored form, the time
-arithmetic (`row_sql`'s `seconds`) and how it pairs a call's events.
+the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over `row_sql` over
+`ROWS_FROM_SQL` is the row both backends write for a plain call (`PLAIN_SQL`); what stays per backend is
+how it parses a payload once (its `PayloadSQL` and the layers around the scans), its time arithmetic
+(`row_sql`'s `seconds`), and on SQLite the rows written in two halves by call id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -26,6 +26,9 @@ __all__ = (
     "END_KEPT_SQL",
     "END_VALID_SQL",
     "FAILED_STATUSES",
+    "PLAIN_SQL",
+    "REPEATED_SQL",
+    "ROWS_FROM_SQL",
     "ROW_COLUMNS_SQL",
     "ROW_VALUES_SQL",
     "SPEC_COUNT_DIGITS",
@@ -40,7 +43,7 @@ __all__ = (
     "end_values_sql",
     "ended_at",
     "finished_status",
-    "plain_sql",
+    "folded_ids_sql",
     "prefill_tps",
     "row_sql",
     "spec_counts_sql",
@@ -300,7 +303,7 @@ def end_moments_sql(p: PayloadSQL) -> str:
 
 END_VALID_SQL = " AND ".join(f"(t_{alias} IS NULL OR ts_{alias} IS NOT NULL)" for _, alias in _TIMINGS) + " AND clean"
 """Over `end_moments_sql`: whether the bulk SQL may write an end's values (every moment absent or read, and a
-payload without a U+0000 escape); `plain_sql` reads it as `e.valid`."""
+payload without a U+0000 escape); `PLAIN_SQL` reads it as `e.valid`."""
 
 
 def end_checks_sql(p: PayloadSQL) -> str:
@@ -315,25 +318,50 @@ def end_values_sql(p: PayloadSQL) -> str:
 ts_first AS first_token_at, ts_last AS last_token_at, {ENDED_AT_SQL} AS ended_at, {END_VALID_SQL} AS valid"""
 
 
-def row_sql(*, seconds: Callable[[str, str], str], one_start: str, one_end: str) -> str:
-    """The select list of a plain call's row from its start `s` and end `e`, for `ROW_COLUMNS_SQL`:
-    `ROW_VALUES_SQL`, the durations, and `plain` (`plain_sql` over `one_start`, `one_end`).
+REPEATED_SQL = "SELECT cid FROM {table} WHERE cid IS NOT NULL GROUP BY cid HAVING count(*) > 1"
+"""The call ids with more than one row in the work table `table` (starts, or ends): never plain. Each backend
+writes them to `rebuild_repeated_starts` and `rebuild_repeated_ends`, found once in the call ids rather than
+counted per row; NULL ids are left out (`NOT IN` a list holding a NULL is never true; a NULL id is not plain)."""
+
+ROWS_FROM_SQL = """FROM rebuild_starts s LEFT JOIN rebuild_ends e ON e.cid = s.cid
+WHERE s.cid IS NOT NULL AND s.started"""
+"""What `row_sql` selects from: one row per start with a call id (two if it has two ends); imports and
+retags (`started` false) make a call not plain, and the rows only of plain calls are copied."""
+
+
+def row_sql(*, seconds: Callable[[str, str], str]) -> str:
+    """The select list of a plain call's row from its start `s` and end `e` (`ROWS_FROM_SQL`), for
+    `ROW_COLUMNS_SQL`: `ROW_VALUES_SQL`, the durations, and `plain` (`PLAIN_SQL`).
 
     `seconds(later, earlier)` is the backend's time arithmetic: the seconds between two moments of the work
     tables (`e.ended_at`, `s.started_at`…), as `timedelta.total_seconds()` gives them (NULL when either is).
     """
     durations = ", ".join(f"{seconds(later, earlier)} AS {name}" for name, later, earlier in _DURATIONS)
-    return f"{ROW_VALUES_SQL},\n{durations},\n{plain_sql(one_start=one_start, one_end=one_end)} AS plain"
+    return f"{ROW_VALUES_SQL},\n{durations},\n{PLAIN_SQL} AS plain"
 
 
-def plain_sql(*, one_start: str, one_end: str) -> str:
-    """SQL: whether the bulk load may write a call's row itself, or leaves the call to `fold_call`.
+PLAIN_SQL = (
+    "s.tags IS NOT NULL AND s.started_at IS NOT NULL "
+    "AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_starts) "
+    "AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND s.cid NOT IN (SELECT cid FROM rebuild_repeated_ends)))"
+)
+"""Whether the bulk load may write a call's row itself, or leaves the call to `fold_call`.
 
-    Plain: its one start (`one_start`, the backend's test) has canonical tags and time, and it has
-    no end, or one end (`one_end`) after the start whose values are all canonical (`e.valid`).
-    Anything else (imports, retags, repeats, odd values) is folded in Python.
-    """
-    return (
-        f"s.tags IS NOT NULL AND s.started_at IS NOT NULL AND {one_start} "
-        f"AND (e.pos IS NULL OR (e.valid AND e.pos > s.pos AND {one_end}))"
+Plain: its one start (no other start, import or retag: `REPEATED_SQL`) has canonical tags and time, and
+it has no end, or one end after the start whose values are all canonical (`e.valid`). Anything else
+(imports, retags, repeats, odd values) is folded in Python."""
+
+
+_ORPHAN_ENDS_SQL = (
+    "SELECT cid FROM rebuild_ends e WHERE NOT EXISTS (SELECT 1 FROM rebuild_starts s WHERE s.cid = e.cid)"
+)
+
+
+def folded_ids_sql(rows_tables: Sequence[str], *, orphans: bool) -> str:
+    """The call ids the bulk load leaves to `fold_call` (a NULL one for events without an id), as `cid`: rows
+    of `rows_tables` that are not plain, imports and retags, and (`orphans`: any may exist) ends without a start."""
+    rows = [f"SELECT call_id AS cid FROM {table} WHERE NOT plain" for table in rows_tables]
+    return "\nUNION ".join(
+        [*rows, "SELECT cid FROM rebuild_starts WHERE NOT started OR cid IS NULL"]
+        + ([_ORPHAN_ENDS_SQL] if orphans else [])
     )
