@@ -11,7 +11,8 @@ to the fields `fold_call`'s slim events declare. The row's SQL reads the work ta
 the call's start, `e` its end (NULL `e.pos` when it has none). `ROW_COLUMNS_SQL` over `row_sql` over
 `ROWS_FROM_SQL` is the row both backends write for a plain call (`PLAIN_SQL`); what stays per backend is
 how it parses a payload once (its `PayloadSQL` and the layers around the scans), its time arithmetic
-(`row_sql`'s `seconds`), and on SQLite the rows written in two halves by call id.
+(`row_sql`'s `seconds`), how it gathers the positions of the calls `folded_ids_sql` names, and on
+SQLite the rows written in two halves by call id.
 """
 
 from __future__ import annotations
