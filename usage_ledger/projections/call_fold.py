@@ -18,7 +18,14 @@ import msgspec
 
 from usage_ledger.ledger.events import CallImported, CallRetagged
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
-from usage_ledger.projections.call_rules import decode_tps, ended_at, finished_status, prefill_tps, spec_decode_counts
+from usage_ledger.projections.call_rules import (
+    DURATIONS,
+    decode_tps,
+    ended_at,
+    finished_status,
+    prefill_tps,
+    spec_decode_counts,
+)
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
@@ -77,11 +84,12 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
 
 
 def _derive(row: CallRow) -> CallRow:
-    row.elapsed_s = _seconds(row.ended_at, row.started_at)
-    if row.origin == "gateway":
-        row.ttft_s = _seconds(row.first_token_at, row.started_at)
+    spans = {name: _seconds(getattr(row, later), getattr(row, earlier)) for name, later, earlier in DURATIONS}
+    row.elapsed_s = spans["elapsed_s"]
+    if row.origin == "gateway":  # an import brings its own
+        row.ttft_s = spans["ttft_s"]
     row.prefill_tps = prefill_tps(row.input_tokens, row.ttft_s)
-    row.decode_tps = decode_tps(row.output_tokens, _seconds(row.last_token_at, row.first_token_at))
+    row.decode_tps = decode_tps(row.output_tokens, spans["decode_s"])
     return row
 
 

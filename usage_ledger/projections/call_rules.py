@@ -1,8 +1,12 @@
-"""The calls read model's rules, each written once for both of its builders, side by side.
+"""The calls read model's rules, each written once for both of its builders.
 
 `calls.fold_call` applies them in Python (the follower, and the calls a rebuild cannot load in
 bulk); the bulk rebuild runs them as SQL on both backends (`_bulk_sqlite`, `_bulk_pg` splice in the
-fragments below). A rule changed here changes for every builder; the digest property tests
+fragments below). A rule of values (`FINISHED_STATUS`, `ENDED_AT`, `PREFILL_TPS`, `DECODE_TPS`) is one
+`rule_expr` expression, made into both its SQL and its Python function; `DURATIONS` names the moments
+each duration spans for both. What a speculative-decoding counter must be is written twice, side by
+side (`spec_decode_counts` over the parsed value, `PayloadSQL.is_count` over the stored JSON text). A
+rule changed here changes for every builder; the digest property tests
 (tests/projections/test_rebuild_properties.py) hold the Python and the SQL to the same rows.
 
 What the scans read of each event is written once too (`start_fields_sql`, `end_fields_sql`, over
@@ -21,13 +25,20 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from usage_ledger.projections.rule_expr import all_of, case, coalesce, differs, value
+
 __all__ = (
     "CALL_STATUSES",
+    "DECODE_TPS",
+    "DURATIONS",
+    "ENDED_AT",
     "ENDED_AT_SQL",
     "END_KEPT_SQL",
     "END_VALID_SQL",
     "FAILED_STATUSES",
+    "FINISHED_STATUS",
     "PLAIN_SQL",
+    "PREFILL_TPS",
     "REPEATED_SQL",
     "ROWS_FROM_SQL",
     "ROW_COLUMNS_SQL",
@@ -60,18 +71,16 @@ FAILED_STATUSES = ("error", "failed")
 CALL_STATUSES = ("ok", *FAILED_STATUSES, "incomplete")
 """Every status a call row can have."""
 
-OK_STATUS_SQL = "e.http_status >= 200 AND e.http_status < 400"
-
-
-def finished_status(http_status: int) -> str:
-    """A call the upstream answered: `ok` for 2xx and 3xx (what a client takes for success), else `error`."""
-    return "ok" if 200 <= http_status < 400 else "error"
+_HTTP_STATUS = value("http_status")
+FINISHED_STATUS = case((all_of(_HTTP_STATUS >= 200, _HTTP_STATUS < 400), "ok"), otherwise="error")
+"""A call the upstream answered: `ok` for 2xx and 3xx (what a client takes for success), else `error`."""
+finished_status: Callable[[int], str] = FINISHED_STATUS.python("http_status")
+"""`FINISHED_STATUS` of an HTTP status, in Python."""
 
 
 STATUS_SQL = f"""CASE WHEN e.pos IS NULL THEN 'incomplete'
-              WHEN e.finished AND {OK_STATUS_SQL} THEN 'ok'
-              WHEN e.finished THEN 'error' ELSE 'failed' END"""
-"""`finished_status` for a call with an end; `failed` for `call.failed`, `incomplete` without an end."""
+              WHEN e.finished THEN {FINISHED_STATUS.sql(http_status="e.http_status")} ELSE 'failed' END"""
+"""`FINISHED_STATUS` for a call with a `call.finished` end; `failed` for `call.failed`, `incomplete` without an end."""
 
 USAGE_SOURCE_SQL = "CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END"
 TOKENS_SQL = "COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens"
@@ -90,30 +99,27 @@ def timestamp_shapes(one_char: str) -> tuple[str, str]:
     return whole, fraction
 
 
-def ended_at(
-    finished: datetime | None, last_token: datetime | None, headers: datetime | None, received: datetime
-) -> datetime:
-    """When a call ended: its final event's moment, else the last thing seen of it."""
-    return finished or last_token or headers or received
+ENDED_AT = coalesce(value("finished"), value("last_token"), value("headers"), value("received"))
+"""When a call ended: its final event's moment, else the last thing seen of it."""
+_Moment = datetime | None
+ended_at: Callable[[_Moment, _Moment, _Moment, datetime], datetime] = ENDED_AT.python(
+    "finished", "last_token", "headers", "received"
+)
+"""`ENDED_AT` of an end's moments (finished, last token, upstream headers, received), in Python."""
 
 
-ENDED_AT_SQL = "COALESCE(ts_finished, ts_last, ts_headers, ts_received)"
-"""`ended_at` over the moments of an end as the bulk SQL reads them (`end_moments_sql`)."""
+ENDED_AT_SQL = ENDED_AT.sql(finished="ts_finished", last_token="ts_last", headers="ts_headers", received="ts_received")
+"""`ENDED_AT` over the moments of an end as the bulk SQL reads them (`end_moments_sql`)."""
 
-
-def prefill_tps(input_tokens: int, ttft_s: float | None) -> float | None:
-    return input_tokens / ttft_s if ttft_s and ttft_s > 0 and input_tokens else None
-
-
-PREFILL_TPS_SQL = "CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END"
-
-
-def decode_tps(output_tokens: int, decode_s: float | None) -> float | None:
-    """Tokens after the first over the time from the first to the last token (one token: no interval)."""
-    return (output_tokens - 1) / decode_s if decode_s and decode_s > 0 and output_tokens > 1 else None
-
-
-DECODE_TPS_SQL = "CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END"
+_INPUT_TOKENS, _OUTPUT_TOKENS, _TTFT_S, _DECODE_S = map(value, ("input_tokens", "output_tokens", "ttft_s", "decode_s"))
+PREFILL_TPS = case((all_of(_TTFT_S > 0, differs(_INPUT_TOKENS, 0)), _INPUT_TOKENS / _TTFT_S))
+"""Prompt tokens over the time to the first token."""
+DECODE_TPS = case((all_of(_DECODE_S > 0, _OUTPUT_TOKENS > 1), (_OUTPUT_TOKENS - 1) / _DECODE_S))
+"""Tokens after the first over the time from the first to the last token (one token: no interval)."""
+prefill_tps: Callable[[int, float | None], float | None] = PREFILL_TPS.python("input_tokens", "ttft_s")
+"""`PREFILL_TPS` of (input tokens, TTFT s), in Python."""
+decode_tps: Callable[[int, float | None], float | None] = DECODE_TPS.python("output_tokens", "decode_s")
+"""`DECODE_TPS` of (output tokens, decode s), in Python."""
 
 
 def decode_rate_note(
@@ -178,19 +184,27 @@ COALESCE(e.pos, s.pos) AS last_position"""
 """A plain call's values from its start `s` and end `e`, for `ROW_COLUMNS_SQL` to select from (`row_sql`
 adds the durations and `plain`)."""
 
-_DURATIONS = (
-    ("elapsed_s", "e.ended_at", "s.started_at"),
-    ("ttft_s", "e.first_token_at", "s.started_at"),
-    ("decode_s", "e.last_token_at", "e.first_token_at"),
+DURATIONS = (
+    ("elapsed_s", "ended_at", "started_at"),
+    ("ttft_s", "first_token_at", "started_at"),
+    ("decode_s", "last_token_at", "first_token_at"),
 )
-"""`call_fold._derive`'s durations, each from the later moment it spans (as `ROW_VALUES_SQL` reads it) back
-to the earlier; `decode_s` is not a column, `decode_tps` divides by it."""
+"""A call's durations, each the seconds from the later of two of its row's moments back to the earlier
+(`call_fold._derive` and `row_sql` compute them); `decode_s` is not a column, `DECODE_TPS` divides by it."""
+
+_ROW_MOMENTS_SQL = {
+    "started_at": "s.started_at",
+    "first_token_at": "e.first_token_at",
+    "last_token_at": "e.last_token_at",
+    "ended_at": "e.ended_at",
+}
+"""The row's moments as `ROW_VALUES_SQL` reads them, for `row_sql`'s durations."""
 
 ROW_COLUMNS_SQL = f"""call_id, run, ticker, tags, model, 'gateway' AS origin, CAST(NULL AS TEXT) AS source, status,
 http_status, failure_reason, usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s,
 input_tokens, output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
-{PREFILL_TPS_SQL} AS prefill_tps,
-{DECODE_TPS_SQL} AS decode_tps,
+{PREFILL_TPS.sql()} AS prefill_tps,
+{DECODE_TPS.sql()} AS decode_tps,
 request_blob, response_blob, 0 AS retags, last_position, plain"""
 """The calls row (every column but `version`, in the table's order) and `plain`, selected over
 `row_sql`: what both backends' bulk SQL writes to `rebuild_rows`."""
@@ -337,7 +351,8 @@ def row_sql(*, seconds: Callable[[str, str], str]) -> str:
     `seconds(later, earlier)` is the backend's time arithmetic: the seconds between two moments of the work
     tables (`e.ended_at`, `s.started_at`…), as `timedelta.total_seconds()` gives them (NULL when either is).
     """
-    durations = ", ".join(f"{seconds(later, earlier)} AS {name}" for name, later, earlier in _DURATIONS)
+    moment = _ROW_MOMENTS_SQL
+    durations = ", ".join(f"{seconds(moment[later], moment[earlier])} AS {name}" for name, later, earlier in DURATIONS)
     return f"{ROW_VALUES_SQL},\n{durations},\n{PLAIN_SQL} AS plain"
 
 
