@@ -39,7 +39,7 @@ _x, _y = value("x"), value("y")
 _SEMANTICS = case(
     (all_of(_x > 1, differs(_y, 0)), _x * 2 + _y),
     (all_of(_x <= 1, _y >= 0), coalesce(value("z"), _y - _x)),
-    (_y < 0, coalesce(_y * _x, value("z") * -1)),
+    (_y - _x < 0, coalesce(_y * _x, value("z") * -1)),
     otherwise=-7,
 )
 """Every node and operator of `rule_expr` in one expression (beyond what the rules above use)."""

@@ -12,6 +12,7 @@ goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids ar
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -83,13 +84,18 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return (later - earlier).total_seconds()
 
 
+_SPANS = tuple((attrgetter(later), attrgetter(earlier)) for _, later, earlier in DURATIONS)
+"""Each duration's later and earlier moment, read from a row, in `DURATIONS`' order."""
+assert [name for name, _, _ in DURATIONS] == ["elapsed_s", "ttft_s", "decode_s"], "the order _derive unpacks"
+
+
 def _derive(row: CallRow) -> CallRow:
-    spans = {name: _seconds(getattr(row, later), getattr(row, earlier)) for name, later, earlier in DURATIONS}
-    row.elapsed_s = spans["elapsed_s"]
+    elapsed_s, ttft_s, decode_s = [_seconds(later(row), earlier(row)) for later, earlier in _SPANS]
+    row.elapsed_s = elapsed_s
     if row.origin == "gateway":  # an import brings its own
-        row.ttft_s = spans["ttft_s"]
+        row.ttft_s = ttft_s
     row.prefill_tps = prefill_tps(row.input_tokens, row.ttft_s)
-    row.decode_tps = decode_tps(row.output_tokens, spans["decode_s"])
+    row.decode_tps = decode_tps(row.output_tokens, decode_s)
     return row
 
 

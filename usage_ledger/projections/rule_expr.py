@@ -11,16 +11,17 @@ function of those values that follows SQL's NULL rules, so both forms give the s
 
 Division is Python's true division: divide only by a float value (an integer SQL division truncates), and
 guard a zero divisor with a condition (SQLite gives NULL, PostgreSQL an error, Python raises).
-The Python function is generated once from the expression's source and compiled (as `dataclasses` builds
-an `__init__`): an interpreter walking the tree per call made the fold's catch-up 18 % slower
-(docs/BENCHMARKS.md). tests/projections/test_rule_expr.py holds each function to what SQLite and
-PostgreSQL compute for its `sql`.
+The Python function is generated once as source, with each operator inline, and compiled (as `dataclasses`
+builds an `__init__`): an interpreter walking the tree per call made the fold's catch-up 18 % slower
+(docs/BENCHMARKS.md). The source repeats an operand where it tests it for None (`x if x is not None else
+…`); operands are pure, so that costs only time, and the rules are shallow. A `case` condition compiles to
+a plain Python test that holds exactly where SQL's value is true. tests/projections/test_rule_expr.py holds
+each function to what SQLite and PostgreSQL compute for its `sql`.
 Only what the calls read model's rules use is here (`call_rules`).
 """
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,29 +53,34 @@ class Expr:
     def _names(self) -> set[str]:
         raise NotImplementedError
 
+    def _truth(self) -> str:
+        """Python source that is True exactly where the expression is SQL's true (not false, not NULL): a
+        `case` condition, which takes its branch only then."""
+        return f"({self._python()} is True)"
+
     def __gt__(self, other: Expr | int | float) -> Expr:
-        return _Binary(">", "gt", self, _expr(other))
+        return _Binary(">", ">", self, _expr(other))
 
     def __ge__(self, other: Expr | int | float) -> Expr:
-        return _Binary(">=", "ge", self, _expr(other))
+        return _Binary(">=", ">=", self, _expr(other))
 
     def __lt__(self, other: Expr | int | float) -> Expr:
-        return _Binary("<", "lt", self, _expr(other))
+        return _Binary("<", "<", self, _expr(other))
 
     def __le__(self, other: Expr | int | float) -> Expr:
-        return _Binary("<=", "le", self, _expr(other))
+        return _Binary("<=", "<=", self, _expr(other))
 
     def __add__(self, other: Expr | int | float) -> Expr:
-        return _Binary("+", "add", self, _expr(other))
+        return _Binary("+", "+", self, _expr(other))
 
     def __sub__(self, other: Expr | int | float) -> Expr:
-        return _Binary("-", "sub", self, _expr(other))
+        return _Binary("-", "-", self, _expr(other))
 
     def __mul__(self, other: Expr | int | float) -> Expr:
-        return _Binary("*", "mul", self, _expr(other))
+        return _Binary("*", "*", self, _expr(other))
 
     def __truediv__(self, other: Expr | int | float) -> Expr:
-        return _Binary("/", "truediv", self, _expr(other))
+        return _Binary("/", "/", self, _expr(other))
 
 
 def value(name: str) -> Expr:
@@ -86,7 +92,7 @@ def value(name: str) -> Expr:
 
 def differs(left: Expr, right: Expr | int | float | str) -> Expr:
     """SQL's `<>` (`!=` in Python; not an operator here, so that `==` keeps its meaning)."""
-    return _Binary("<>", "ne", left, _expr(right))
+    return _Binary("<>", "!=", left, _expr(right))
 
 
 def all_of(*conditions: Expr) -> Expr:
@@ -108,30 +114,13 @@ def _expr(operand: Expr | int | float | str | None) -> Expr:
     return operand if isinstance(operand, Expr) else _Literal(operand)
 
 
-def _null_or(function: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
-    return None if left is None or right is None else function(left, right)
-
-
 def _all_of(*results: bool | None) -> bool | None:
     if False in results:
         return False
     return None if None in results else True
 
 
-def _coalesce(*values: Any) -> Any:
-    for each in values:
-        if each is not None:
-            return each
-    return None
-
-
-_HELPERS: dict[str, Any] = {
-    "__builtins__": {},
-    "_null_or": _null_or,
-    "_all_of": _all_of,
-    "_coalesce": _coalesce,
-    **{f"_{name}": getattr(operator, name) for name in ("gt", "ge", "lt", "le", "ne", "add", "sub", "mul", "truediv")},
-}
+_HELPERS: dict[str, Any] = {"__builtins__": {}, "_all_of": _all_of}
 """What the generated Python reads besides its arguments."""
 
 
@@ -169,15 +158,31 @@ class _Literal(Expr):
         return set()
 
 
+_COMPARISONS = frozenset({">", ">=", "<", "<=", "!="})
+
+
 class _Binary(Expr):
-    def __init__(self, symbol: str, function: str, left: Expr, right: Expr) -> None:
-        self.symbol, self.function, self.left, self.right = symbol, function, left, right
+    def __init__(self, symbol: str, python_symbol: str, left: Expr, right: Expr) -> None:
+        self.symbol, self.python_symbol, self.left, self.right = symbol, python_symbol, left, right
 
     def _sql(self, names: Mapping[str, str]) -> str:
         return f"{_operand_sql(self.left, names)} {self.symbol} {_operand_sql(self.right, names)}"
 
     def _python(self) -> str:
-        return f"_null_or(_{self.function}, {self.left._python()}, {self.right._python()})"
+        return f"(None if {self._any_null()} else {self._operation()})"
+
+    def _truth(self) -> str:
+        if self.python_symbol not in _COMPARISONS:
+            return super()._truth()
+        return f"(not ({self._any_null()}) and {self._operation()})"
+
+    def _any_null(self) -> str:
+        """Whether an operand is None (an operand's source is pure: computing it twice changes nothing)."""
+        operands = (operand for operand in (self.left, self.right) if not isinstance(operand, _Literal))
+        return " or ".join(f"{operand._python()} is None" for operand in operands) or "False"
+
+    def _operation(self) -> str:
+        return f"{self.left._python()} {self.python_symbol} {self.right._python()}"
 
     def _names(self) -> set[str]:
         return self.left._names() | self.right._names()
@@ -199,6 +204,9 @@ class _AllOf(Expr):
     def _python(self) -> str:
         return "_all_of(" + ", ".join(condition._python() for condition in self.conditions) + ")"
 
+    def _truth(self) -> str:
+        return "(" + " and ".join(condition._truth() for condition in self.conditions) + ")"
+
     def _names(self) -> set[str]:
         return set().union(*(condition._names() for condition in self.conditions))
 
@@ -218,7 +226,7 @@ class _Case(Expr):
         """Python's conditional expressions, innermost last: a result is computed only where its branch holds."""
         source = self.otherwise._python()
         for condition, result in reversed(self.branches):
-            source = f"({result._python()} if {condition._python()} is True else {source})"
+            source = f"({result._python()} if {condition._truth()} else {source})"
         return source
 
     def _names(self) -> set[str]:
@@ -234,7 +242,10 @@ class _Coalesce(Expr):
         return "COALESCE(" + ", ".join(each._sql(names) for each in self.values) + ")"
 
     def _python(self) -> str:
-        return "_coalesce(" + ", ".join(each._python() for each in self.values) + ")"
+        source = "None"
+        for each in reversed(self.values):
+            source = f"({each._python()} if {each._python()} is not None else {source})"
+        return source
 
     def _names(self) -> set[str]:
         return set().union(*(each._names() for each in self.values))
