@@ -1,4 +1,4 @@
-"""Each rule `call_rules` writes once as an expression gives in Python (`run`, what the fold uses) exactly what
+"""Each rule `call_rules` writes once as an expression gives in Python (`python`, what the fold runs) exactly what
 SQLite and PostgreSQL compute for its SQL (`sql`, what the bulk rebuild splices in), NULLs included."""
 
 from __future__ import annotations
