@@ -75,6 +75,19 @@ async def test_every_node_keeps_sqls_null_rules(database: Database, rows: list[d
     assert [function(**row) for row in rows] == await _sql_values(database, _SEMANTICS, cast, rows)
 
 
+_TRUTH = all_of(_x > 1, _y < 0, differs(value("z"), 0))
+"""`all_of` and comparisons as values, not `case` conditions: SQL's three-valued logic (SQLite answers 0 / 1)."""
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.fixed_dictionaries({"x": _SMALL, "y": _SMALL, "z": _SMALL}), min_size=1, max_size=25))
+@example(rows=[{"x": None, "y": -1, "z": 1}, {"x": None, "y": 1, "z": 1}, {"x": 2, "y": -1, "z": 3}])
+async def test_a_condition_as_a_value_is_three_valued(database: Database, rows: list[dict[str, Any]]) -> None:
+    cast = {key: "BIGINT" for key in ("x", "y", "z")}
+    function = _TRUTH.python("x", "y", "z")
+    assert [function(**row) for row in rows] == await _sql_values(database, _TRUTH, cast, rows)
+
+
 def test_the_sql_is_what_the_rebuild_splices_in() -> None:
     assert PREFILL_TPS.sql() == "CASE WHEN ttft_s > 0 AND input_tokens <> 0 THEN input_tokens / ttft_s END"
     assert DECODE_TPS.sql() == "CASE WHEN decode_s > 0 AND output_tokens > 1 THEN (output_tokens - 1) / decode_s END"
