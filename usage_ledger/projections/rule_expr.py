@@ -12,8 +12,8 @@ function of those values that follows SQL's NULL rules, so both forms give the s
 Division is Python's true division: divide only by a float value (an integer SQL division truncates), and
 guard a zero divisor with a condition (SQLite gives NULL, PostgreSQL an error, Python raises).
 The Python function is generated once as source, with each operator inline, and compiled (as `dataclasses`
-builds an `__init__`): an interpreter walking the tree per call made the fold's catch-up 18 % slower
-(docs/BENCHMARKS.md). The source repeats an operand where it tests it for None (`x if x is not None else
+builds an `__init__`): a helper call per operator made the fold's catch-up 11 % slower, an interpreter
+walking the tree per call 18 % (docs/BENCHMARKS.md). The source repeats an operand where it tests it for None (`x if x is not None else
 …`); operands are pure, so that costs only time, and the rules are shallow. A `case` condition compiles to
 a plain Python test that holds exactly where SQL's value is true. tests/projections/test_rule_expr.py holds
 each function to what SQLite and PostgreSQL compute for its `sql`.
@@ -59,28 +59,28 @@ class Expr:
         return f"({self._python()} is True)"
 
     def __gt__(self, other: Expr | int | float) -> Expr:
-        return _Binary(">", ">", self, _expr(other))
+        return _Binary(">", self, _expr(other))
 
     def __ge__(self, other: Expr | int | float) -> Expr:
-        return _Binary(">=", ">=", self, _expr(other))
+        return _Binary(">=", self, _expr(other))
 
     def __lt__(self, other: Expr | int | float) -> Expr:
-        return _Binary("<", "<", self, _expr(other))
+        return _Binary("<", self, _expr(other))
 
     def __le__(self, other: Expr | int | float) -> Expr:
-        return _Binary("<=", "<=", self, _expr(other))
+        return _Binary("<=", self, _expr(other))
 
     def __add__(self, other: Expr | int | float) -> Expr:
-        return _Binary("+", "+", self, _expr(other))
+        return _Binary("+", self, _expr(other))
 
     def __sub__(self, other: Expr | int | float) -> Expr:
-        return _Binary("-", "-", self, _expr(other))
+        return _Binary("-", self, _expr(other))
 
     def __mul__(self, other: Expr | int | float) -> Expr:
-        return _Binary("*", "*", self, _expr(other))
+        return _Binary("*", self, _expr(other))
 
     def __truediv__(self, other: Expr | int | float) -> Expr:
-        return _Binary("/", "/", self, _expr(other))
+        return _Binary("/", self, _expr(other))
 
 
 def value(name: str) -> Expr:
@@ -92,7 +92,7 @@ def value(name: str) -> Expr:
 
 def differs(left: Expr, right: Expr | int | float | str) -> Expr:
     """SQL's `<>` (`!=` in Python; not an operator here, so that `==` keeps its meaning)."""
-    return _Binary("<>", "!=", left, _expr(right))
+    return _Binary("<>", left, _expr(right))
 
 
 def all_of(*conditions: Expr) -> Expr:
@@ -158,12 +158,13 @@ class _Literal(Expr):
         return set()
 
 
-_COMPARISONS = frozenset({">", ">=", "<", "<=", "!="})
+_COMPARISONS = frozenset({">", ">=", "<", "<=", "<>"})
 
 
 class _Binary(Expr):
-    def __init__(self, symbol: str, python_symbol: str, left: Expr, right: Expr) -> None:
-        self.symbol, self.python_symbol, self.left, self.right = symbol, python_symbol, left, right
+    def __init__(self, symbol: str, left: Expr, right: Expr) -> None:
+        """`symbol`: the SQL operator, Python's too but for `<>` (`!=`)."""
+        self.symbol, self.left, self.right = symbol, left, right
 
     def _sql(self, names: Mapping[str, str]) -> str:
         return f"{_operand_sql(self.left, names)} {self.symbol} {_operand_sql(self.right, names)}"
@@ -172,7 +173,7 @@ class _Binary(Expr):
         return f"(None if {self._any_null()} else {self._operation()})"
 
     def _truth(self) -> str:
-        if self.python_symbol not in _COMPARISONS:
+        if self.symbol not in _COMPARISONS:
             return super()._truth()
         return f"(not ({self._any_null()}) and {self._operation()})"
 
@@ -182,7 +183,8 @@ class _Binary(Expr):
         return " or ".join(f"{operand._python()} is None" for operand in operands) or "False"
 
     def _operation(self) -> str:
-        return f"{self.left._python()} {self.python_symbol} {self.right._python()}"
+        python_symbol = "!=" if self.symbol == "<>" else self.symbol
+        return f"{self.left._python()} {python_symbol} {self.right._python()}"
 
     def _names(self) -> set[str]:
         return self.left._names() | self.right._names()
@@ -219,8 +221,9 @@ class _Case(Expr):
         whens = " ".join(
             f"WHEN {condition._sql(names)} THEN {result._sql(names)}" for condition, result in self.branches
         )
-        otherwise = self.otherwise._sql(names)
-        return f"CASE {whens} END" if otherwise == "NULL" else f"CASE {whens} ELSE {otherwise} END"
+        if isinstance(self.otherwise, _Literal) and self.otherwise.literal is None:
+            return f"CASE {whens} END"
+        return f"CASE {whens} ELSE {self.otherwise._sql(names)} END"
 
     def _python(self) -> str:
         """Python's conditional expressions, innermost last: a result is computed only where its branch holds."""
