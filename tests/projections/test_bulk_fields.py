@@ -12,7 +12,8 @@ import typing
 
 import msgspec
 
-from usage_ledger.projections._slim import SFailed, SFinished, SStarted
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage
+from usage_ledger.projections._slim import SFailed, SFinished, SStarted, STimings, SUsage
 from usage_ledger.projections.call_rules import END_KEPT_SQL, end_fields_sql, start_fields_sql, start_values_sql
 
 
@@ -91,3 +92,26 @@ def test_the_end_scan_reads_the_fields_of_the_slim_finish_and_failure() -> None:
 def test_the_ends_work_tables_keep_columns_the_end_scan_reads() -> None:
     selected = re.findall(r" AS (\w+)", end_fields_sql(_Recorder()))
     assert set(END_KEPT_SQL.split(", ")) <= set(selected)
+
+
+def test_the_slim_views_are_the_events_fields_with_the_events_defaults() -> None:
+    """A view reads a stored payload as its event would: a field it has that the event lacks, or a default the
+    event does not give (what an absent field reads as, e.g. `usage_source` `absent`), would fold other values
+    than the event holds. The bulk SQL's own defaults are those of `call_rules` (`NO_USAGE`…)."""
+    for view, event in ((SStarted, CallStarted), (SFinished, CallFinished), (SFailed, CallFailed)):
+        assert view.__struct_config__.tag == event.__struct_config__.tag
+    pairs = (
+        (SStarted, CallStarted),
+        (SFinished, CallFinished),
+        (SFailed, CallFailed),
+        (STimings, Timings),
+        (SUsage, Usage),
+    )
+    for view, event in pairs:
+        event_fields = {f.name: f for f in msgspec.structs.fields(event)}
+        for field in msgspec.structs.fields(view):
+            assert field.name in event_fields, f"{view.__name__}.{field.name}"
+            assert (field.required, field.default) == (
+                event_fields[field.name].required,
+                event_fields[field.name].default,
+            ), f"{view.__name__}.{field.name}"

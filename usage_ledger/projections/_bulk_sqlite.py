@@ -28,6 +28,7 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 from __future__ import annotations
 
 from usage_ledger.projections.call_rules import (
+    NO_END_STATUS,
     REPEATED_SQL,
     ROW_COLUMNS_SQL,
     ROWS_FROM_SQL,
@@ -191,11 +192,11 @@ FROM ({ids}) ids
 
 # Whether an end may lack a start (a look-up per end finds them). None can when no call id has two
 # starts and every end is in a row of `rebuild_rows` (either half): there each end meets its call's one start.
-ORPHANS_POSSIBLE = """
+ORPHANS_POSSIBLE = f"""
 SELECT EXISTS (SELECT 1 FROM rebuild_repeated_starts)
        OR (SELECT count(*) FROM rebuild_ends)
-          <> (SELECT count(*) FROM rebuild_rows WHERE status <> 'incomplete')
-             + (SELECT count(*) FROM u.rebuild_rows WHERE status <> 'incomplete')
+          <> (SELECT count(*) FROM rebuild_rows WHERE status <> '{NO_END_STATUS}')
+             + (SELECT count(*) FROM u.rebuild_rows WHERE status <> '{NO_END_STATUS}')
 """
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from usage_ledger.ledger.events import CallImported, CallRetagged, RunAnnotated
+from usage_ledger.projections.call_rules import NO_USAGE
 
 __all__ = ("DECODERS", "SFailed", "SFinished", "SStarted", "decode_slim")
 
@@ -50,7 +51,7 @@ class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
     timings: STimings
     response_blob: str | None = None
     usage: SUsage | None = None
-    usage_source: str = "absent"
+    usage_source: str = NO_USAGE
     request_metrics: SRequestMetrics | None = None
 
 
@@ -61,7 +62,7 @@ class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):
     client_status: int | None = None
     response_blob: str | None = None
     usage: SUsage | None = None
-    usage_source: str = "absent"
+    usage_source: str = NO_USAGE
 
 
 DECODERS: dict[str, msgspec.json.Decoder[Any]] = {

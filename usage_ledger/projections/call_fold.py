@@ -21,6 +21,9 @@ from usage_ledger.ledger.events import CallImported, CallRetagged
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
 from usage_ledger.projections.call_rules import (
     DURATIONS,
+    FAILED_END_STATUS,
+    NO_END_STATUS,
+    NO_USAGE,
     decode_tps,
     ended_at,
     finished_status,
@@ -51,10 +54,10 @@ class CallRow(msgspec.Struct, kw_only=True, gc=False):
     model: str | None = None
     origin: str = "gateway"
     source: str | None = None
-    status: str = "incomplete"
+    status: str = NO_END_STATUS
     http_status: int | None = None
     failure_reason: str | None = None
-    usage_source: str = "absent"
+    usage_source: str = NO_USAGE
     started_at: datetime
     first_token_at: datetime | None = None
     last_token_at: datetime | None = None
@@ -119,7 +122,7 @@ def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
         row.failure_reason = None
     else:
         row.http_status = ev.client_status
-        row.status = "failed"
+        row.status = FAILED_END_STATUS
         row.failure_reason = ev.reason
 
 

@@ -35,8 +35,11 @@ __all__ = (
     "ENDED_AT_SQL",
     "END_KEPT_SQL",
     "END_VALID_SQL",
+    "FAILED_END_STATUS",
     "FAILED_STATUSES",
     "FINISHED_STATUS",
+    "NO_END_STATUS",
+    "NO_USAGE",
     "PLAIN_SQL",
     "PREFILL_TPS",
     "REPEATED_SQL",
@@ -66,10 +69,17 @@ __all__ = (
     "timestamp_shapes",
 )
 
-FAILED_STATUSES = ("error", "failed")
-"""The statuses of calls that did not succeed (`incomplete`: no end recorded yet, or ever)."""
-CALL_STATUSES = ("ok", *FAILED_STATUSES, "incomplete")
+NO_END_STATUS = "incomplete"
+"""The status of a call with no end recorded (yet, or ever)."""
+FAILED_END_STATUS = "failed"
+"""The status of a call whose end is `call.failed` (the gateway answered its client itself)."""
+FAILED_STATUSES = ("error", FAILED_END_STATUS)
+"""The statuses of calls that did not succeed."""
+CALL_STATUSES = ("ok", *FAILED_STATUSES, NO_END_STATUS)
 """Every status a call row can have."""
+NO_USAGE = "absent"
+"""The `usage_source` of a call without usage: the events' own default (`ledger.events`), and a row's
+without an end. Its tokens are then 0, never invented."""
 
 _HTTP_STATUS = value("http_status")
 FINISHED_STATUS = case((all_of(_HTTP_STATUS >= 200, _HTTP_STATUS < 400), "ok"), otherwise="error")
@@ -78,13 +88,13 @@ finished_status: Callable[[int], str] = FINISHED_STATUS.python("http_status")
 """`FINISHED_STATUS` of an HTTP status, in Python."""
 
 
-STATUS_SQL = f"""CASE WHEN e.pos IS NULL THEN 'incomplete'
-              WHEN e.finished THEN {FINISHED_STATUS.sql(http_status="e.http_status")} ELSE 'failed' END"""
+STATUS_SQL = f"""CASE WHEN e.pos IS NULL THEN '{NO_END_STATUS}'
+              WHEN e.finished THEN {FINISHED_STATUS.sql(http_status="e.http_status")} ELSE '{FAILED_END_STATUS}' END"""
 """`FINISHED_STATUS` for a call with a `call.finished` end; `failed` for `call.failed`, `incomplete` without an end."""
 
-USAGE_SOURCE_SQL = "CASE WHEN e.pos IS NULL THEN 'absent' ELSE COALESCE(e.usage_source, 'absent') END"
+USAGE_SOURCE_SQL = f"CASE WHEN e.pos IS NULL THEN '{NO_USAGE}' ELSE COALESCE(e.usage_source, '{NO_USAGE}') END"
 TOKENS_SQL = "COALESCE(e.prompt, 0) AS input_tokens, COALESCE(e.completion, 0) AS output_tokens"
-"""No usage: 0 tokens (never invented; `usage_source` says `absent`)."""
+"""No usage: 0 tokens (never invented; `usage_source` says `NO_USAGE`), as `call_fold.CallRow`'s defaults."""
 
 
 TIMESTAMP_SHAPES = ("????-??-??T??:??:??Z", "????-??-??T??:??:??.??????Z")
