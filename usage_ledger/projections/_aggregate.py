@@ -15,7 +15,7 @@ from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.call_rules import FAILED_STATUSES
+from usage_ledger.projections.call_rules import FAILED_STATUSES, NO_END_STATUS
 from usage_ledger.projections.formulas import RunStats
 from usage_ledger.projections.server import SpecBlocks
 from usage_ledger.projections.tables import calls
@@ -105,7 +105,7 @@ async def _tagged(
     if run is not None:
         where.append(calls.c.run == run)
     failed = _int_sum(case((calls.c.status.in_(FAILED_STATUSES), 1), else_=0))
-    incomplete = _int_sum(case((calls.c.status == "incomplete", 1), else_=0))
+    incomplete = _int_sum(case((calls.c.status == NO_END_STATUS, 1), else_=0))
     query = (
         select(
             calls.c.run,
@@ -208,7 +208,7 @@ async def _untagged(
                 acc.last_end = ended
             if status in FAILED_STATUSES:
                 acc.failed += 1
-            elif status == "incomplete":
+            elif status == NO_END_STATUS:
                 acc.incomplete += 1
             elif status == "ok":
                 if elapsed and elapsed > 0:

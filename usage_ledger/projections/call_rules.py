@@ -72,7 +72,8 @@ __all__ = (
 NO_END_STATUS = "incomplete"
 """The status of a call with no end recorded (yet, or ever)."""
 FAILED_END_STATUS = "failed"
-"""The status of a call whose end is `call.failed` (the gateway answered its client itself)."""
+"""The status of a call whose end is `call.failed`: it broke off before the upstream's answer was whole
+(upstream unreachable, timed out or reset, an error in its stream, the client gone, a gateway error)."""
 FAILED_STATUSES = ("error", FAILED_END_STATUS)
 """The statuses of calls that did not succeed."""
 CALL_STATUSES = ("ok", *FAILED_STATUSES, NO_END_STATUS)
