@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from usage_ledger.projections.rule_expr import all_of, case, coalesce, differs, value
+from usage_ledger.projections.tables import calls
 
 __all__ = (
     "CALL_STATUSES",
@@ -211,14 +212,26 @@ _ROW_MOMENTS_SQL = {
 }
 """The row's moments as `ROW_VALUES_SQL` reads them, for `row_sql`'s durations."""
 
-ROW_COLUMNS_SQL = f"""call_id, run, ticker, tags, model, 'gateway' AS origin, CAST(NULL AS TEXT) AS source, status,
-http_status, failure_reason, usage_source, started_at, first_token_at, last_token_at, ended_at, elapsed_s, ttft_s,
-input_tokens, output_tokens, cached_tokens, spec_draft_tokens, spec_accepted_tokens, spec_steps,
-{PREFILL_TPS.sql()} AS prefill_tps,
-{DECODE_TPS.sql()} AS decode_tps,
-request_blob, response_blob, 0 AS retags, last_position, plain"""
-"""The calls row (every column but `version`, in the table's order) and `plain`, selected over
-`row_sql`: what both backends' bulk SQL writes to `rebuild_rows`."""
+_COMPUTED_COLUMNS_SQL = {
+    "origin": "'gateway'",
+    "source": "CAST(NULL AS TEXT)",
+    "prefill_tps": PREFILL_TPS.sql(),
+    "decode_tps": DECODE_TPS.sql(),
+    "retags": "0",
+}
+"""The row's columns `row_sql` does not select: a gateway call's constants, and the rates over its values."""
+
+ROW_COLUMNS_SQL = ", ".join(
+    [
+        f"{_COMPUTED_COLUMNS_SQL[c.name]} AS {c.name}" if c.name in _COMPUTED_COLUMNS_SQL else c.name
+        for c in calls.columns
+        if c.name != "version"
+    ]
+    + ["plain"]
+)
+"""The calls row (every column of the table but `version`, in its order) and `plain`, selected over
+`row_sql`: what both backends' bulk SQL writes to `rebuild_rows`. A column the table gains is selected
+here by its name: `ROW_VALUES_SQL` (or `_COMPUTED_COLUMNS_SQL`) must give it, or the statement fails."""
 
 
 class PayloadSQL(Protocol):
