@@ -1,6 +1,6 @@
 """The bulk scans read what the Python fold reads: the fields of the slim events (`_slim`), no more, no fewer.
 
-`call_rules` writes the scans' SELECT lists once over `PayloadSQL`; here a recording `PayloadSQL`
+`call_sql` writes the scans' SELECT lists once over `PayloadSQL`; here a recording `PayloadSQL`
 collects every payload path they read, and the paths must be the fields `fold_call`'s views declare
 (nested structs flattened). A field added to a view and not to the SQL, or the other way round, fails.
 """
@@ -14,7 +14,7 @@ import msgspec
 
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted, STimings, SUsage
-from usage_ledger.projections.call_rules import END_KEPT_SQL, end_fields_sql, start_fields_sql, start_values_sql
+from usage_ledger.projections.call_sql import END_KEPT_SQL, end_fields_sql, start_fields_sql, start_values_sql
 
 
 class _Recorder:
@@ -97,7 +97,7 @@ def test_the_ends_work_tables_keep_columns_the_end_scan_reads() -> None:
 def test_the_slim_views_are_the_events_fields_with_the_events_defaults() -> None:
     """A view reads a stored payload as its event would: a field it has that the event lacks, or a default the
     event does not give (what an absent field reads as, e.g. `usage_source` `absent`), would fold other values
-    than the event holds. The bulk SQL's own defaults are those of `call_rules` (`NO_USAGE`…)."""
+    than the event holds. The bulk SQL's own defaults are those of `call_rules` (`NO_USAGE`…), as the fold's."""
     for view, event in ((SStarted, CallStarted), (SFinished, CallFinished), (SFailed, CallFailed)):
         assert view.__struct_config__.tag == event.__struct_config__.tag
     pairs = (

@@ -7,7 +7,7 @@
     every call that is not plain ──► temp rebuild_rest (positions, for the Python fold)
 
 `json_to_record` reads every field a statement needs in one pass over the payload text (no
-`::jsonb` of whole payloads); which fields, and what becomes of them, is `call_rules`' (over
+`::jsonb` of whole payloads); which fields, and what becomes of them, is `call_sql`'s (over
 `_PostgresPayload`). Values as `fold_call` computes them, with the same rules as the
 SQLite statements (`_bulk_sqlite`): timestamps only in the two shapes msgspec writes for UTC,
 tags only when their stored JSON is canonical, durations exact (`EXTRACT(EPOCH …)` is numeric),
@@ -16,11 +16,11 @@ no payload holding a `\\u0000` escape.
 
 from __future__ import annotations
 
-from usage_ledger.projections.call_rules import (
+from usage_ledger.projections.call_rules import SPEC_COUNT_DIGITS, timestamp_shapes
+from usage_ledger.projections.call_sql import (
     REPEATED_SQL,
     ROW_COLUMNS_SQL,
     ROWS_FROM_SQL,
-    SPEC_COUNT_DIGITS,
     end_checks_sql,
     end_fields_sql,
     end_values_sql,
@@ -28,7 +28,6 @@ from usage_ledger.projections.call_rules import (
     row_sql,
     start_fields_sql,
     start_values_sql,
-    timestamp_shapes,
 )
 
 __all__ = ("PG_STATEMENTS",)
@@ -58,7 +57,7 @@ def _parsed(p: str) -> str:
 
 
 class _PostgresPayload:
-    """`call_rules.PayloadSQL` for PostgreSQL, over the records `json_to_record` reads the payload into
+    """`call_sql.PayloadSQL` for PostgreSQL, over the records `json_to_record` reads the payload into
     (one parse of its text each): `r` for the payload, and `u`, `t` for its `usage`, `timings` in the ends."""
 
     position = "e.position"

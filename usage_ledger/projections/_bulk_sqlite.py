@@ -12,7 +12,7 @@ rows on two processes, each into a work file of its own.
 
 A call is plain when it has exactly one start, that start comes first, at most one end, no import
 or retag, and every value below is in the canonical form msgspec writes (otherwise the Python fold
-decides). Which fields the scans read is `call_rules`' (over `_SQLitePayload`). Each statement
+decides). Which fields the scans read is `call_sql`'s (over `_SQLitePayload`). Each statement
 reads a JSON field once (every `->>` looks the path up in the payload's parse again and copies the
 value out; on SQLite ≥ 3.45 `->>` is cheaper than `json_extract`) and computes each derived value
 once, in layers fenced with `LIMIT -1` so the planner does not inline them. Sorting happens once,
@@ -27,12 +27,11 @@ msgspec writes for UTC (`…:SSZ`, `…:SS.ffffffZ`), stored as SQLAlchemy store
 
 from __future__ import annotations
 
-from usage_ledger.projections.call_rules import (
-    NO_END_STATUS,
+from usage_ledger.projections.call_rules import NO_END_STATUS, SPEC_COUNT_DIGITS, timestamp_shapes
+from usage_ledger.projections.call_sql import (
     REPEATED_SQL,
     ROW_COLUMNS_SQL,
     ROWS_FROM_SQL,
-    SPEC_COUNT_DIGITS,
     end_checks_sql,
     end_fields_sql,
     end_values_sql,
@@ -40,7 +39,6 @@ from usage_ledger.projections.call_rules import (
     row_sql,
     start_fields_sql,
     start_values_sql,
-    timestamp_shapes,
 )
 
 __all__ = (
@@ -72,7 +70,7 @@ def _us(t: str) -> str:
 
 
 class _SQLitePayload:
-    """`call_rules.PayloadSQL` for SQLite: each `->>` looks its path up in the parse SQLite keeps of the
+    """`call_sql.PayloadSQL` for SQLite: each `->>` looks its path up in the parse SQLite keeps of the
     payload, so every field is read once, in the innermost layer."""
 
     position = "position"

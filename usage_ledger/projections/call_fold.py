@@ -5,7 +5,7 @@
   never arrived);
 - `call.retagged` changes run and tags of an existing row (history is never touched).
 
-The rules each value follows are `call_rules`' (shared with the bulk rebuild's SQL). Client text
+The rules each value follows are `call_rules`' (shared with the bulk rebuild's SQL, `call_sql`). Client text
 goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
 """
 
