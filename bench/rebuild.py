@@ -42,9 +42,9 @@ from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
-from usage_ledger.ledger.schema import checkpoints, events
+from usage_ledger.ledger.schema import events
 from usage_ledger.projections.engine import catch_up, projection_named, write_checkpoint
-from usage_ledger.projections.rebuild import rebuild_projection
+from usage_ledger.projections.rebuild import drop_version, rebuild_projection
 
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
@@ -220,10 +220,7 @@ async def _time_fold(database: Database, version: int, digest: str) -> float:
     seconds = time.perf_counter() - t
     async with database.engine.begin() as conn:
         folded = await projection.digest(conn, version)
-        await projection.table.drop(conn, version)
-        await conn.execute(
-            checkpoints.delete().where(checkpoints.c.projection == "calls", checkpoints.c.version == version)
-        )
+        await drop_version(conn, "calls", version)
     if folded != digest:
         raise SystemExit(f"the fold's digest {folded[:12]} differs from the rebuild's {digest[:12]}")
     return seconds

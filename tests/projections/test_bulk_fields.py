@@ -98,8 +98,6 @@ def test_the_slim_views_are_the_events_fields_with_the_events_defaults() -> None
     """A view reads a stored payload as its event would: a field it has that the event lacks, or a default the
     event does not give (what an absent field reads as, e.g. `usage_source` `absent`), would fold other values
     than the event holds. The bulk SQL's own defaults are those of `call_rules` (`NO_USAGE`…), as the fold's."""
-    for view, event in ((SStarted, CallStarted), (SFinished, CallFinished), (SFailed, CallFailed)):
-        assert view.__struct_config__.tag == event.__struct_config__.tag
     pairs = (
         (SStarted, CallStarted),
         (SFinished, CallFinished),
@@ -108,6 +106,7 @@ def test_the_slim_views_are_the_events_fields_with_the_events_defaults() -> None
         (SUsage, Usage),
     )
     for view, event in pairs:
+        assert view.__struct_config__.tag == event.__struct_config__.tag  # the events' tags; none for the parts
         event_fields = {f.name: f for f in msgspec.structs.fields(event)}
         for field in msgspec.structs.fields(view):
             assert field.name in event_fields, f"{view.__name__}.{field.name}"

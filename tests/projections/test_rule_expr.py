@@ -66,26 +66,21 @@ async def test_a_rule_runs_in_python_as_its_sql_computes(database: Database, nam
     assert [function(**row) for row in rows] == expected
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(rows=st.lists(st.fixed_dictionaries({"x": _SMALL, "y": _SMALL, "z": _SMALL}), min_size=1, max_size=25))
-@example(rows=[{"x": None, "y": 0, "z": 1}, {"x": 2, "y": None, "z": None}, {"x": 0, "y": 3, "z": None}])
-async def test_every_node_keeps_sqls_null_rules(database: Database, rows: list[dict[str, Any]]) -> None:
-    cast = {key: "BIGINT" for key in ("x", "y", "z")}
-    function = _SEMANTICS.python("x", "y", "z")
-    assert [function(**row) for row in rows] == await _sql_values(database, _SEMANTICS, cast, rows)
-
-
 _TRUTH = all_of(_x > 1, _y < 0, differs(value("z"), 0))
 """`all_of` and comparisons as values, not `case` conditions: SQL's three-valued logic (SQLite answers 0 / 1)."""
 
 
+@pytest.mark.parametrize("expression", [_SEMANTICS, _TRUTH], ids=["every node", "conditions as values"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.lists(st.fixed_dictionaries({"x": _SMALL, "y": _SMALL, "z": _SMALL}), min_size=1, max_size=25))
+@example(rows=[{"x": None, "y": 0, "z": 1}, {"x": 2, "y": None, "z": None}, {"x": 0, "y": 3, "z": None}])
 @example(rows=[{"x": None, "y": -1, "z": 1}, {"x": None, "y": 1, "z": 1}, {"x": 2, "y": -1, "z": 3}])
-async def test_a_condition_as_a_value_is_three_valued(database: Database, rows: list[dict[str, Any]]) -> None:
+async def test_every_node_keeps_sqls_null_rules(
+    database: Database, expression: Expr, rows: list[dict[str, Any]]
+) -> None:
     cast = {key: "BIGINT" for key in ("x", "y", "z")}
-    function = _TRUTH.python("x", "y", "z")
-    assert [function(**row) for row in rows] == await _sql_values(database, _TRUTH, cast, rows)
+    function = expression.python("x", "y", "z")
+    assert [function(**row) for row in rows] == await _sql_values(database, expression, cast, rows)
 
 
 def test_the_sql_is_what_the_rebuild_splices_in() -> None:

@@ -38,7 +38,7 @@ from usage_ledger.projections.engine import (
 from usage_ledger.projections.formulas import get_formula
 from usage_ledger.projections.tables import versions
 
-__all__ = ("load_version", "promote_version", "rebuild_projection", "set_formula")
+__all__ = ("drop_version", "load_version", "promote_version", "rebuild_projection", "set_formula")
 
 _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 
@@ -173,11 +173,14 @@ async def rebuild_projection(
             ).scalars()
             for old in list(stale):
                 say(f"removing version {old}")
-                await projection.table.drop(conn, old)
-                await conn.execute(
-                    checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == old)
-                )
+                await drop_version(conn, name, old)
     return promoted
+
+
+async def drop_version(conn: AsyncConnection, name: str, version: int) -> None:
+    """Remove `version` of projection `name`: its rows and its checkpoint."""
+    await projection_named(name).table.drop(conn, version)
+    await conn.execute(checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == version))
 
 
 async def promote_version(database: Database, name: str, version: int, formula: str) -> ProjectionPromoted:
