@@ -56,9 +56,17 @@ def test_times_are_local_dates_or_instants() -> None:
     assert parse_time("2026-03-02", "until", SEOUL, end=True) == datetime(2026, 3, 2, 15, tzinfo=UTC)
     assert parse_time("2026-03-02T09:30", "since", SEOUL) == datetime(2026, 3, 2, 0, 30, tzinfo=UTC)
     assert parse_time("2026-03-02T09:30+01:00", "since", SEOUL) == datetime(2026, 3, 2, 8, 30, tzinfo=UTC)
-    for bad in ("yesterday", "2026-13-01", "2026-03-02T25:00", "0001-01-01T00:00+01:00", "2026\x00"):
-        with pytest.raises(InvalidFilter, match="expected an ISO date"):
+    for bad in ("yesterday", "2026-13-01", "2026-03-02T25:00", "2026-02-30", "2026-04-31T09:00", "2026\x00"):
+        with pytest.raises(InvalidFilter, match="expected an ISO date") as raised:
             parse_time(bad, "since", SEOUL)
+        assert raised.value.parameter == "since"
+    for day in ("2026-01-29", "2026-01-30", "2026-01-31", "2024-02-29"):  # real days past the 28th
+        # the day's end is the next local midnight, 15:00 UTC of the day itself in Seoul
+        assert parse_time(day, "until", SEOUL, end=True) == datetime.fromisoformat(f"{day}T15:00+00:00")
+    # real moments whose UTC instant the calendar cannot hold bound nothing on their side
+    assert parse_time("0001-01-01T00:00+01:00", "since", SEOUL) == datetime.min.replace(tzinfo=UTC)
+    assert parse_time("0001-01-01", "since", SEOUL) == datetime.min.replace(tzinfo=UTC)
+    assert parse_time("9999-12-31", "until", SEOUL, end=True) == datetime.max.replace(tzinfo=UTC)
     empty = parse_filter(zone=SEOUL, since="2026-03-03", until="2026-03-02")  # a range with no instant in it
     assert empty.since is not None and empty.until is not None and empty.since >= empty.until
     with pytest.raises(InvalidFilter, match="ok, error, failed, incomplete"):

@@ -67,6 +67,8 @@ async def test_the_endpoints_give_the_reports_figures(seeded: Database) -> None:
         ({"since": "2026-03-03"}, DENSE_CALLS),
         ({"until": "2026-03-02T12:00:02"}, 2),  # until is exclusive; a date-time without offset is LEDGER_TZ (UTC)
         ({"since": "2026-03-02T21:00+09:00", "until": "2026-03-02T21:00:10+09:00"}, 3),
+        ({"since": "2026-01-30", "until": "2026-03-31"}, MOE_CALLS + DENSE_CALLS),  # days 29-31 are days
+        ({"since": "2026-03-29"}, 0),
     ],
 )
 async def test_the_call_filters(seeded: Database, params: dict[str, str], expected: int) -> None:
@@ -77,8 +79,10 @@ async def test_the_call_filters(seeded: Database, params: dict[str, str], expect
 
 async def test_bad_filters_answer_400_and_name_the_parameter(seeded: Database) -> None:
     async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
-        answer = await client.get("/_ledger/ui/api/calls", params={"since": "yesterday"})
-        assert answer.status_code == 400 and "since" in answer.json()["detail"]
+        for since in ("yesterday", "2026-02-30"):
+            answer = await client.get("/_ledger/ui/api/calls", params={"since": since})
+            assert answer.status_code == 400 and f"since {since!r}" in answer.json()["detail"]
+            assert [e["key"] for e in answer.json()["extra"]] == ["since"]
         page = await client.get("/_ledger/ui/calls", params={"status": "weird"})
         assert page.status_code == 400 and "status" in page.text
 

@@ -27,14 +27,21 @@ from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 from usage_ledger.ledger.db import Database
 from usage_ledger.projections.callviews import calls_page, get_call
 from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import CALL_STATUSES, STATUS_PATTERN, WHEN_PATTERN, CallFilter, parse_filter
+from usage_ledger.projections.filters import (
+    CALL_STATUSES,
+    STATUS_PATTERN,
+    WHEN_SCHEMA,
+    CallFilter,
+    InvalidFilter,
+    parse_filter,
+)
 from usage_ledger.projections.formulas import FORMULAS
 from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.projections.text import projection_text_or_none
 
-__all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers")
+__all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers", "error_response")
 
 MAX_LIMIT = 1000
 """Calls per page at most (`limit` 1..MAX_LIMIT, default 100)."""
@@ -53,10 +60,14 @@ Zone = Annotated[
     ),
 ]
 _WHEN = "an ISO date or date-time, e.g. 2026-03-01, 2026-03-01T09:00 (local in `tz`) or 2026-03-01T09:00+09:00"
-Since = Annotated[str | None, QueryParameter(description=f"calls started at or after {_WHEN}", pattern=WHEN_PATTERN)]
+Since = Annotated[
+    str | None, QueryParameter(description=f"calls started at or after {_WHEN}", schema_extra=WHEN_SCHEMA)
+]
 Until = Annotated[
     str | None,
-    QueryParameter(description=f"calls started before {_WHEN}; a bare date includes that day", pattern=WHEN_PATTERN),
+    QueryParameter(
+        description=f"calls started before {_WHEN}; a bare date includes that day", schema_extra=WHEN_SCHEMA
+    ),
 ]
 Model = Annotated[str | None, QueryParameter(description="only calls of this model")]
 Status = Annotated[
@@ -70,9 +81,14 @@ Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls 
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
 
 
-def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+def error_response(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    """A `ProjectionError` as the API answers it: 404 for what is not there, else 400; a filter that cannot be
+    read names its parameter in `extra`, as the schema's own validation errors do."""
     status = HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else HTTP_400_BAD_REQUEST
-    return Response({"status_code": status, "detail": str(exc)}, status_code=status)
+    body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
+    if isinstance(exc, InvalidFilter):
+        body["extra"] = [{"message": str(exc), "key": exc.parameter, "source": "query"}]
+    return Response(body, status_code=status)
 
 
 def build_api_routers(
@@ -178,7 +194,7 @@ def build_api_routers(
         Router(
             path="/",
             route_handlers=[runs, tickers, daily, daily_weekday_mean, calls, call],
-            exception_handlers={ProjectionError: _error},
+            exception_handlers={ProjectionError: error_response},
             tags=["projections"],
         )
     ]

@@ -11,9 +11,11 @@ cut by idle gaps over all calls), and show only their selected calls.
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgspec
+from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from sqlalchemy.sql.elements import ColumnElement
 
 from usage_ledger.projections.call_rules import CALL_STATUSES
@@ -25,7 +27,7 @@ __all__ = (
     "CALL_STATUSES",
     "NO_FILTER",
     "STATUS_PATTERN",
-    "WHEN_PATTERN",
+    "WHEN_SCHEMA",
     "CallFilter",
     "InvalidFilter",
     "filter_clauses",
@@ -37,7 +39,11 @@ __all__ = (
 
 
 class InvalidFilter(ProjectionError):
-    """A filter value that cannot be read (the CLI exits 2, the API answers 400)."""
+    """A filter value that cannot be read (the CLI exits 2, the API answers 400 naming `parameter`)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        self.parameter = parameter
+        super().__init__(message)
 
 
 class CallFilter(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,13 +58,19 @@ class CallFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 
 NO_FILTER = CallFilter()
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+_LATEST = datetime.max.replace(tzinfo=UTC)
 
-_DAY = r"[12]\d{3}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])"
-_TIME = r"T([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?(Z|[+-]([01]\d|2[0-3]):[0-5]\d)?"
-WHEN_PATTERN = f"^({_DAY}({_TIME})?)?$"
-"""What an API's `since` / `until` admit in its schema: empty (no bound), an ISO date or a date-time.
-Days 29-31 are read too; the pattern stops at 28 so that every value it admits is a real date
-(schemathesis generates from it and expects each one accepted)."""
+WHEN_SCHEMA: dict[str, Any] = {
+    "one_of": [
+        *(Schema(type=OpenAPIType.STRING, format=f) for f in (OpenAPIFormat.DATE, OpenAPIFormat.DATE_TIME)),
+        Schema(type=OpenAPIType.STRING, max_length=0),
+    ]
+}
+"""What an API's `since` / `until` are, for its schema: an ISO date or date-time, or empty (no bound). The
+schema describes the format; `parse_time` is the one rule that reads it, for the CLI and the API alike (it
+also reads ISO 8601's other forms, such as `2026-03-01T09:00` without seconds or offset), and answers an
+impossible value (`2026-02-30`) with a 400 naming the parameter."""
 _ONE_STATUS = "|".join(CALL_STATUSES)
 STATUS_PATTERN = f"^(({_ONE_STATUS})(,({_ONE_STATUS}))*)?$"
 """An API's `status`: empty (any), or statuses separated by commas."""
@@ -72,16 +84,20 @@ def parse_time(text: str, flag: str, zone: ZoneInfo, *, end: bool = False) -> da
         day = None
     try:
         if day is not None:
-            local = datetime.combine(day + timedelta(days=1) if end else day, time(), tzinfo=zone)
+            local = datetime.combine(day, time(), tzinfo=zone)
         else:
             value = datetime.fromisoformat(text)
             local = value if value.tzinfo is not None else value.replace(tzinfo=zone)
-        return local.astimezone(UTC)
-    except (ValueError, OverflowError):
+    except ValueError as exc:
         raise InvalidFilter(
-            f"{flag} {text!r}: expected an ISO date or date-time, e.g. 2026-03-01, 2026-03-01T09:00 "
-            f"(local, {zone.key}) or 2026-03-01T09:00+09:00"
+            flag,
+            f"{flag} {text!r} is not a date or time ({exc}): expected an ISO date or date-time, e.g. 2026-03-01, "
+            f"2026-03-01T09:00 (local, {zone.key}) or 2026-03-01T09:00+09:00",
         ) from None
+    try:
+        return (local + timedelta(days=1) if day is not None and end else local).astimezone(UTC)
+    except OverflowError:  # a real moment at the calendar's edge (0001-01-01T00:00+05:00, until 9999-12-31)
+        return _EARLIEST if local.year == 1 else _LATEST
 
 
 def parse_filter(
@@ -100,7 +116,9 @@ def parse_filter(
         statuses = tuple(dict.fromkeys(s.strip() for s in status.split(",") if s.strip()))
         unknown = [s for s in statuses if s not in CALL_STATUSES]
         if unknown or not statuses:
-            raise InvalidFilter(f"status {status!r}: use one or more of {', '.join(CALL_STATUSES)} (comma-separated)")
+            raise InvalidFilter(
+                "status", f"status {status!r}: use one or more of {', '.join(CALL_STATUSES)} (comma-separated)"
+            )
     return CallFilter(
         since=start,
         until=stop,

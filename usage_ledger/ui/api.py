@@ -7,17 +7,16 @@ Errors are Litestar's `{status_code, detail}`: 400 for a parameter that is out o
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 from zoneinfo import ZoneInfo
 
-from litestar import Request, Response, Router, get
+from litestar import Router, get
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.params import QueryParameter
-from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
-from usage_ledger.projections.api import Formula, Zone
+from usage_ledger.projections.api import Formula, Zone, error_response
 from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import STATUS_PATTERN, WHEN_PATTERN, parse_filter
+from usage_ledger.projections.filters import STATUS_PATTERN, WHEN_SCHEMA, parse_filter
 from usage_ledger.projections.text import projection_text_or_none
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.queries import CallDetail, CallQuery, CallsList, call_detail, list_calls
@@ -44,7 +43,7 @@ Moment = Annotated[
     str | None,
     QueryParameter(
         description="ISO date or date-time (by call start); without an offset, local to LEDGER_TZ; empty = any",
-        pattern=WHEN_PATTERN,
+        schema_extra=WHEN_SCHEMA,
     ),
 ]
 Statuses = Annotated[
@@ -76,11 +75,6 @@ def call_query(
     return CallQuery(
         filters=filters, run=projection_text_or_none(run or None), ticker=projection_text_or_none(ticker or None)
     )
-
-
-def _error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
-    status = HTTP_404_NOT_FOUND if isinstance(exc, NotFound) else HTTP_400_BAD_REQUEST
-    return Response({"status_code": status, "detail": str(exc)}, status_code=status)
 
 
 def api_router(reader: Reader, auth: UiAuth) -> Router:
@@ -136,6 +130,6 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
         path="/api",
         route_handlers=[runs, run, eras, daily, calls, call, compare],
         guards=[auth.guard],
-        exception_handlers={ProjectionError: _error},
+        exception_handlers={ProjectionError: error_response},
         tags=["dashboard"],
     )
