@@ -276,6 +276,21 @@ def _close(report: dict[str, Any], expected: dict[str, Any]) -> None:
     assert report["mean_qwk"] == pytest.approx(sum(kappas) / len(kappas), abs=1e-12)
 
 
+async def test_a_pattern_that_backtracks_without_end_is_stopped_and_named(database: Database) -> None:
+    """`(?:a|aa)+$` on 40 a's and a b backtracks for minutes in Python's `re`: the search is stopped after the
+    extractor's time limit, that key stays unlabelled as `timed out`, and a note names the answer."""
+    for events_, blobs in (
+        _body_call("fine", 0, "T0", _chat_body("Grade: aa")),
+        _body_call("slow", 1, "T1", _chat_body("Grade: " + "a" * 40 + "b")),
+    ):
+        await append_events(database, events_, blobs)
+    [mixed] = await labels_from_ledger(database, ["mixed"], regex_extractor(r"Grade: ((?:a|aa)+)$", timeout_s=0.2))
+    assert mixed.labels == {"T0": "aa"}
+    assert mixed.unlabelled == {"timed out": 1} and mixed.timed_out == ["T1 (slow)"]
+    note = next(n for n in compute_agreement([mixed]).notes if "stopped" in n)
+    assert note.startswith("mixed: the pattern was stopped after") and "T1 (slow)" in note
+
+
 def test_agreement_of_recorded_runs(
     gateway: Process, backend_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

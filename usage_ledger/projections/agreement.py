@@ -26,7 +26,12 @@ from usage_ledger.projections.agreement_labels import (
     read_outcomes,
 )
 from usage_ledger.projections.agreement_stats import check_scale, default_scale, quadratic_weighted_kappa, spearman
-from usage_ledger.projections.agreement_text import LabelExtractor, pointer_extractor, regex_extractor
+from usage_ledger.projections.agreement_text import (
+    EXTRACT_TIMEOUT_S,
+    LabelExtractor,
+    pointer_extractor,
+    regex_extractor,
+)
 from usage_ledger.projections.errors import ProjectionError
 
 __all__ = (
@@ -102,6 +107,13 @@ def compute_agreement(
         check_scale(ordered, every)
     position = {label: i for i, label in enumerate(ordered)}
     notes = [note for run in runs if (note := _coverage_note(run)) is not None]
+    notes += [
+        f"{run.run}: the pattern was stopped after {EXTRACT_TIMEOUT_S:g} s on {len(run.timed_out)} answer(s), "
+        f"left unlabelled: {', '.join(run.timed_out[:10])}{' …' if len(run.timed_out) > 10 else ''}; "
+        "simplify the pattern (nested repeats such as (a|aa)+ backtrack without end)"
+        for run in runs
+        if run.timed_out
+    ]
     notes += [f"{run.run}: no keys (no call selected carries the key tag)" for run in runs if not run.keys]
     if not every:
         notes.append("no run has a label: check the extraction (--extract / --extract-json) against `ledger show call`")

@@ -6,8 +6,8 @@ last of its completed calls (status `ok`) whose stored response gives one (`agre
 earlier calls count only when later ones give none (a retry, a later pipeline step that does not
 grade). A key without a label says why: its calls' bodies were not stored — `imported` (imports
 carry no bodies), `redacted`, `omitted` (too large or over the in-flight budget), `not stored` —
-or were `unreadable`, or gave `no match`, or no call of it completed (`not ok`). Labels are
-never guessed.
+or were `unreadable`, or gave `no match`, or the pattern `timed out` on them (each such answer is named
+in `timed_out`), or no call of it completed (`not ok`). Labels are never guessed.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ from usage_ledger.projections.errors import NotFound, ProjectionError
 from usage_ledger.projections.reports import live_versions
 from usage_ledger.projections.tables import calls
 
-__all__ = ("NO_BODY", "RunLabels", "labels_from_csv", "labels_from_ledger", "read_outcomes")
+__all__ = ("NO_BODY", "TIMED_OUT", "RunLabels", "labels_from_csv", "labels_from_ledger", "read_outcomes")
+
+TIMED_OUT = "timed out"
+"""The reason of a key whose answers the extractor gave up on (`agreement_text.EXTRACT_TIMEOUT_S`)."""
 
 NO_BODY = ("imported", "redacted", "omitted", "not stored")
 """The reasons that mean a run's calls have no stored response body to read a label from."""
@@ -45,6 +48,8 @@ class RunLabels(msgspec.Struct, frozen=True, kw_only=True):
     labels: dict[str, str]
     unlabelled: dict[str, int] = {}
     calls_without_key: int = 0
+    timed_out: list[str] = []
+    """The answers the extractor gave up on, as `key (call id)`."""
 
     @property
     def keys(self) -> int:
@@ -100,13 +105,17 @@ async def _call_label(
     text = assistant_text(body, _header(headers, "content-type"))
     if text is None:
         return None, "unreadable"
-    label = extract(text)
+    try:
+        label = extract(text)
+    except TimeoutError:
+        return None, TIMED_OUT
     return (label, "") if label is not None else (None, "no match")
 
 
 async def _key_label(
-    conn: AsyncConnection, rows: list[tuple[str, str, str, str | None]], extract: LabelExtractor
+    conn: AsyncConnection, rows: list[tuple[str, str, str, str | None]], extract: LabelExtractor, timed_out: list[str]
 ) -> tuple[str | None, str]:
+    """The key's label, or why it has none; the calls whose answer the extractor gave up on go to `timed_out`."""
     reasons: list[str] = []
     for call_id, status, origin, blob in reversed(rows):
         if status != "ok" and origin != "import":
@@ -114,11 +123,13 @@ async def _key_label(
         label, why = await _call_label(conn, call_id, origin, blob, extract)
         if label is not None:
             return label, ""
+        if why == TIMED_OUT:
+            timed_out.append(call_id)
         reasons.append(why)
     if not reasons:
         return None, "not ok"
     # a body that was read says more than a later one that was not stored
-    return None, next((r for r in reasons if r in ("no match", "unreadable")), reasons[0])
+    return None, next((r for r in reasons if r in ("no match", TIMED_OUT, "unreadable")), reasons[0])
 
 
 async def _run_labels(
@@ -152,13 +163,16 @@ async def _run_labels(
         by_key.setdefault(value, []).append((call_id, status, origin, blob))
     labels: dict[str, str] = {}
     unlabelled: dict[str, int] = {}
+    timed_out: list[str] = []
     for value, rows in sorted(by_key.items()):
-        label, why = await _key_label(conn, rows, extract)
+        given_up: list[str] = []
+        label, why = await _key_label(conn, rows, extract, given_up)
+        timed_out += [f"{value} ({call_id})" for call_id in given_up]
         if label is not None:
             labels[value] = label
         else:
             unlabelled[why] = unlabelled.get(why, 0) + 1
-    return RunLabels(run=run, labels=labels, unlabelled=unlabelled, calls_without_key=without_key)
+    return RunLabels(run=run, labels=labels, unlabelled=unlabelled, calls_without_key=without_key, timed_out=timed_out)
 
 
 async def labels_from_ledger(

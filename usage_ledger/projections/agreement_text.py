@@ -20,11 +20,13 @@ from typing import Any
 
 import brotli
 import msgspec
+import regex
 import zstandard
 
 from usage_ledger.projections.errors import ProjectionError
 
 __all__ = (
+    "EXTRACT_TIMEOUT_S",
     "LabelExtractor",
     "assistant_text",
     "decoded_body",
@@ -34,7 +36,11 @@ __all__ = (
 )
 
 LabelExtractor = Callable[[str], str | None]
-"""The label in an assistant text, or None when there is none."""
+"""The label in an assistant text, or None when there is none; `TimeoutError` when finding out would take
+longer than the extractor allows (a pattern that backtracks without end, such as `(a+)+$`)."""
+
+EXTRACT_TIMEOUT_S = 1.0
+"""How long `--extract`'s pattern may search one answer (`regex_extractor`'s default)."""
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n(.*?)```", re.DOTALL)
@@ -160,11 +166,15 @@ def _label(value: Any) -> str | None:
     return None  # null, an object or an array is not a label
 
 
-def regex_extractor(pattern: str) -> LabelExtractor:
-    """The first match's one group, stripped; ProjectionError unless the pattern compiles with exactly one group."""
+def regex_extractor(pattern: str, timeout_s: float = EXTRACT_TIMEOUT_S) -> LabelExtractor:
+    """The first match's one group, stripped; ProjectionError unless the pattern compiles with exactly one group.
+
+    The pattern runs on the `regex` engine (Python's `re` syntax) because it can stop a search: one answer
+    may take `timeout_s` at most, then the extractor raises `TimeoutError` (an answer of 41 characters kept
+    `re` busy past 30 s with `(a+)+$`)."""
     try:
-        compiled = re.compile(pattern)
-    except re.error as exc:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
         raise ProjectionError(f"--extract {pattern!r} is not a valid regular expression: {exc}") from exc
     if compiled.groups != 1:
         raise ProjectionError(
@@ -173,7 +183,7 @@ def regex_extractor(pattern: str) -> LabelExtractor:
         )
 
     def extract(text: str) -> str | None:
-        match = compiled.search(text)
+        match = compiled.search(text, timeout=timeout_s)
         return _label(match.group(1)) if match is not None else None
 
     return extract
