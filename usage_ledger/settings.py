@@ -58,4 +58,5 @@ def load_settings(env: Mapping[str, str], overrides: Mapping[str, Any] | None = 
     except msgspec.ValidationError as exc:
         # msgspec names the field by its path in `Settings` (`$.gateway.port`): name the variable instead
         message = re.sub(r"`\$\.\w+\.(\w+)`", lambda m: ENV_PREFIX + m.group(1).upper(), str(exc))
+        message = re.sub(r" - at `\$\.\w+`$", "", message)  # a section's own check names its variable
         raise ConfigError(f"invalid setting: {message} (check the LEDGER_* variable or flag)") from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -82,6 +83,18 @@ def test_invalid_setting_value_is_reported_by_its_variable() -> None:
         load_settings({"LEDGER_DURABILITY": "sometimes"})
     with pytest.raises(ConfigError, match="Expected `int`, got `str` - at LEDGER_PORT"):
         load_settings({}, {"port": "eighty"})
+
+
+@pytest.mark.parametrize("token", ["", "  "])
+def test_an_empty_admin_token_is_refused_not_read_as_no_token(token: str) -> None:
+    """Set but empty would leave the admin API, metrics and dashboard open while looking guarded."""
+    with pytest.raises(ConfigError, match="LEDGER_ADMIN_TOKEN is set but empty") as raised:
+        load_settings({"LEDGER_ADMIN_TOKEN": token})
+    assert "$." not in str(raised.value)
+    assert load_settings({}).gateway.admin_token is None
+    for command in (["serve", "--upstream", "http://127.0.0.1:9"], ["ui"]):
+        result = ledger_cli(*command, "--db", "sqlite:///never.db", env={**os.environ, "LEDGER_ADMIN_TOKEN": token})
+        assert result.returncode == 2 and "LEDGER_ADMIN_TOKEN is set but empty" in result.stderr, result
 
 
 def test_every_layer_owns_its_settings_and_the_variables_keep_their_names() -> None:

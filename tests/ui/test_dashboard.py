@@ -117,6 +117,25 @@ async def test_the_token_guards_pages_api_and_bodies(seeded: Database) -> None:
         assert (await client.get("/_ledger/ui/api/runs", headers=forged)).status_code == 401
 
 
+async def test_logout_ends_the_session_for_every_copy_of_its_cookie(seeded: Database) -> None:
+    app = create_ui_app(seeded, ReportSettings(), admin_token=TOKEN, refresh=False)
+    async with AsyncTestClient(app) as client:
+        first = await client.post("/_ledger/ui/login", data={"token": TOKEN, "next": "/_ledger/ui/"})
+        copied = {"Cookie": f"{COOKIE}={first.cookies[COOKIE] if COOKIE in first.cookies else client.cookies[COOKIE]}"}
+        client.cookies.clear()
+        await client.post("/_ledger/ui/login", data={"token": TOKEN, "next": "/_ledger/ui/"})
+        other = client.cookies[COOKIE]
+        assert other not in copied["Cookie"]  # each login is a session of its own
+        assert (await client.get("/_ledger/ui/api/runs", headers=copied)).status_code == 200
+        client.cookies.clear()
+        out = await client.post("/_ledger/ui/logout", headers=copied, follow_redirects=False)
+        assert out.status_code == 303
+        assert (
+            await client.get("/_ledger/ui/api/runs", headers=copied)
+        ).status_code == 401  # revoked, not just cleared
+        assert (await client.get("/_ledger/ui/api/runs", headers={"Cookie": f"{COOKIE}={other}"})).status_code == 200
+
+
 async def test_without_a_token_the_bodies_stay_hidden(seeded: Database) -> None:
     async with AsyncTestClient(create_ui_app(seeded, ReportSettings(), admin_token=None, refresh=False)) as client:
         detail = (await client.get("/_ledger/ui/api/call", params={"id": "moe-a-0"})).json()

@@ -18,7 +18,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     port: int = 8300
     durability: Durability = "strict"
     admin_token: str | None = None
-    """Bearer token of the admin API, the read API and the dashboard mounted beside it; unset: open."""
+    """Bearer token of the admin API, the read API and the dashboard mounted beside it; unset: open.
+    Set but empty (or blank) is refused: it reads like a guard and would leave everything open."""
     max_body_bytes: int = 32 * 1024 * 1024
     upstream_connect_timeout_s: float = 10.0
     upstream_read_timeout_s: float = 600.0
@@ -41,3 +42,10 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # sampling the upstream's /metrics (gateway.sampler, docs/server.md): 0 = off
     server_sample_s: float = 10.0
     server_sample_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.admin_token is not None and not self.admin_token.strip():
+            raise ValueError(
+                "LEDGER_ADMIN_TOKEN is set but empty: set a token, or unset the variable to leave the admin API, "
+                "metrics and dashboard open"
+            )

@@ -2,15 +2,18 @@
 and gets an HttpOnly, SameSite=Strict cookie; scripts may send `Authorization: Bearer <token>` as
 to the admin API. Both are compared in constant time (hmac.compare_digest), as the admin guard does.
 
-The cookie holds an HMAC of the token, not the token: a copied cookie opens the dashboard but
-does not give the admin API's bearer token away. Without a token set the dashboard is open, but
-it shows no request or response bodies (ui.pages): only a token-holder sees those.
+The cookie holds a random session id, not the token: a copied cookie opens the dashboard until that
+session ends, and never gives the admin API's bearer token away. Sessions live in the process
+(`_Sessions`): logging out ends the session for good, a restart ends them all, and each replica has its
+own (a browser logs in to each). Without a token set the dashboard is open, but it shows no request or
+response bodies (ui.pages): only a token-holder sees those.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+import secrets
+import time
 from typing import Annotated, Any
 
 import msgspec
@@ -26,7 +29,7 @@ from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED
 
 from usage_ledger.ui.render import Renderer
 
-__all__ = ("COOKIE", "LoginRequired", "UiAuth")
+__all__ = ("COOKIE", "SESSION_S", "LoginRequired", "UiAuth")
 
 COOKIE = "ledger_ui"
 UI_PREFIX = "/_ledger/ui"
@@ -48,14 +51,49 @@ def _safe_next(target: str) -> str:
     return UI_PREFIX + "/"
 
 
+SESSION_S = 12 * 3600
+"""How long a login lasts (the cookie's max-age and the session's life in the process)."""
+_MAX_SESSIONS = 1000
+
+
+class _Sessions:
+    """The dashboard's logins in this process: random ids, each until logout or `SESSION_S` after login.
+
+    At most `_MAX_SESSIONS` live at once (the oldest ends first), so repeated logins cannot grow memory.
+    """
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}  # insertion order = login order
+
+    def open(self) -> str:
+        now = time.monotonic()
+        for session in [s for s, until in self._until.items() if until <= now]:
+            del self._until[session]
+        while len(self._until) >= _MAX_SESSIONS:
+            del self._until[next(iter(self._until))]
+        session = secrets.token_urlsafe(32)
+        self._until[session] = now + SESSION_S
+        return session
+
+    def valid(self, session: str) -> bool:
+        until = self._until.get(session)
+        return until is not None and until > time.monotonic()
+
+    def close(self, session: str) -> None:
+        self._until.pop(session, None)
+
+
 class UiAuth:
     def __init__(self, token: str | None, renderer: Renderer) -> None:
         self.token = token
         self.renderer = renderer
-        self._session = (
-            hmac.new(token.encode(), b"usage-ledger ui session", hashlib.sha256).hexdigest() if token else ""
-        )
+        self._sessions = _Sessions()
         self._bearer = f"Bearer {token}".encode() if token else b""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> UiAuth:
+        # Litestar deep-copies a router's guards (bound methods, with their instance) when it registers them;
+        # every copy must see the one session store the login writes to
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -64,11 +102,9 @@ class UiAuth:
     def allowed(self, connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
         if self.token is None:
             return True
-        cookie = connection.cookies.get(COOKIE, "").encode()
         bearer = connection.headers.get("authorization", "").encode()
-        by_cookie = hmac.compare_digest(cookie, self._session.encode())
         by_bearer = hmac.compare_digest(bearer, self._bearer)
-        return by_cookie or by_bearer
+        return self._sessions.valid(connection.cookies.get(COOKIE, "")) or by_bearer
 
     def guard(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if not self.allowed(connection):
@@ -102,7 +138,8 @@ class UiAuth:
                 return page
             cookie = Cookie(
                 key=COOKIE,
-                value=auth._session,
+                value=auth._sessions.open(),
+                max_age=SESSION_S,
                 path=UI_PREFIX,
                 httponly=True,
                 samesite="strict",
@@ -111,7 +148,8 @@ class UiAuth:
             return Redirect(target, status_code=HTTP_303_SEE_OTHER, cookies=[cookie])
 
         @post("/logout", include_in_schema=False, sync_to_thread=False)
-        def logout() -> Response[str]:
+        def logout(request: Request[Any, Any, Any]) -> Response[str]:
+            auth._sessions.close(request.cookies.get(COOKIE, ""))  # a copy of the cookie ends with it
             gone = Cookie(key=COOKIE, value="", path=UI_PREFIX, httponly=True, samesite="strict", max_age=0)
             return Redirect(f"{UI_PREFIX}/login", status_code=HTTP_303_SEE_OTHER, cookies=[gone])
 

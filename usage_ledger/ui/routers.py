@@ -28,7 +28,8 @@ from usage_ledger.ui.render import STATIC_DIR, Renderer
 __all__ = ("build_ui_routers", "create_ui_app")
 
 
-def _routers(reader: Reader, *, standalone: bool) -> list[Router]:
+def _routers(reader: Reader, *, standalone: bool) -> tuple[Router, UiAuth]:
+    """The dashboard's router, and its door (one session store for every guard)."""
     renderer = Renderer(tz=reader.settings.tz, auth_enabled=reader.admin_token is not None, standalone=standalone)
     auth = UiAuth(reader.admin_token, renderer)
     static = create_static_files_router(path="/static", directories=[STATIC_DIR], name="ledger-ui-static")
@@ -36,12 +37,13 @@ def _routers(reader: Reader, *, standalone: bool) -> list[Router]:
         path=UI_PREFIX,
         route_handlers=[pages_router(reader, auth, renderer), *auth.handlers(), api_router(reader, auth), static],
     )
-    return [ui]
+    return ui, auth
 
 
 def build_ui_routers(database: Database, settings: ReportSettings, *, admin_token: str | None) -> list[Router]:
     """The dashboard inside `ledger serve`: its follower keeps the projections current, so no catch-up here."""
-    return _routers(Reader(database, settings, admin_token=admin_token, refresh=False), standalone=False)
+    ui, _ = _routers(Reader(database, settings, admin_token=admin_token, refresh=False), standalone=False)
+    return [ui]
 
 
 def create_ui_app(
@@ -54,7 +56,7 @@ def create_ui_app(
     def home() -> Redirect:
         return Redirect(f"{UI_PREFIX}/")
 
-    auth = UiAuth(admin_token, Renderer(tz=settings.tz, auth_enabled=False, standalone=True))
+    ui, auth = _routers(reader, standalone=True)
     openapi = OpenAPIConfig(
         title="usage-ledger dashboard API",
         version="1",
@@ -66,5 +68,5 @@ def create_ui_app(
         components=Components(security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}),
         security=[{"bearer": []}] if admin_token else None,
     )
-    handlers: list[Any] = [home, *_routers(reader, standalone=True)]
+    handlers: list[Any] = [home, ui]
     return Litestar(route_handlers=handlers, openapi_config=openapi, debug=False, logging_config=None)
