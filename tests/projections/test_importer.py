@@ -16,7 +16,7 @@ from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import new_event
 from usage_ledger.projections.errors import ImportFailed
-from usage_ledger.projections.importer import RowError, import_file, parse_record
+from usage_ledger.projections.importer import MAX_LINE_BYTES, RowError, import_file, parse_record
 from usage_ledger.projections.reports import runs_report
 
 _ID = uuid.UUID(int=1)
@@ -60,6 +60,36 @@ def test_parser_never_crashes(fields: dict[str, object]) -> None:
         parse_record(fields, source="s", line=1, event_id=_ID)
 
 
+_any_moment = (
+    st.datetimes(timezones=st.timezones() | st.just(UTC)).map(lambda t: t.isoformat())
+    | st.floats()
+    | st.integers(-(2**70), 2**70)
+)
+
+
+@given(
+    started=_any_moment,
+    finished=st.none() | _any_moment,
+    elapsed=st.none() | st.floats() | st.integers(-(2**70), 2**70),
+    ttft=st.none() | st.floats(),
+    tokens=st.integers(-(2**70), 2**70),
+)
+def test_the_known_fields_at_any_value_give_a_row_or_a_reason(
+    started: object, finished: object, elapsed: object, ttft: object, tokens: int
+) -> None:
+    """Whatever the values of the fields a row has, the parser gives a row or a `RowError`, and a row's
+    moments can be folded (TTFT within the call)."""
+    fields = {"started_at": started, "finished_at": finished, "elapsed_s": elapsed, "ttft_s": ttft}
+    fields |= {"input_tokens": tokens, "output_tokens": 1}
+    try:
+        body = parse_record({k: v for k, v in fields.items() if v is not None}, source="s", line=1, event_id=_ID)
+    except RowError:
+        return
+    assert body.started_at <= body.finished_at
+    if body.ttft_s is not None:
+        assert body.started_at + timedelta(seconds=body.ttft_s) <= body.finished_at + timedelta(milliseconds=1)
+
+
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
@@ -70,6 +100,17 @@ def test_parser_never_crashes(fields: dict[str, object]) -> None:
         ({"started_at": 10, "finished_at": 5, "input_tokens": 1, "output_tokens": 1}, "before started_at"),
         ({"started_at": 0, "elapsed_s": 1, "input_tokens": 1, "output_tokens": 1, "outptu": 1}, "unknown field"),
         ({"started_at": 0, "elapsed_s": 1, "input_tokens": 1, "output_tokens": 1, "status": "meh"}, "status"),
+        # moments the calendar cannot hold are bad rows, never a traceback (red team, round three)
+        ({"started_at": 0, "elapsed_s": 1e300, "input_tokens": 1, "output_tokens": 1}, "elapsed_s: 1e.300 s"),
+        ({"started_at": "9999-12-31T23:59:59Z", "elapsed_s": 5, "input_tokens": 1, "output_tokens": 1}, "past 9999"),
+        (
+            {"started_at": "0001-01-01T00:00:00+05:00", "elapsed_s": 5, "input_tokens": 1, "output_tokens": 1},
+            "before 0001",
+        ),
+        (
+            {"started_at": 0, "elapsed_s": 5, "ttft_s": 1e300, "input_tokens": 1, "output_tokens": 1},
+            "longer than the call",
+        ),
     ],
 )
 def test_bad_rows_say_why(fields: dict[str, object], reason: str) -> None:
@@ -101,6 +142,30 @@ async def test_file_is_atomic_and_idempotent(database: Database, tmp_path: Path)
     assert (first.appended, again.appended, again.duplicates) == (3, 0, 3)
     (run,) = await runs_report(database)
     assert run.calls == 5
+
+
+async def test_a_line_past_the_cap_is_a_bad_row_read_no_further(database: Database, tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    long_line = b'{"run": "' + b"x" * (MAX_LINE_BYTES + 10) + b'"}\n'
+    path.write_bytes(_row(0) + long_line + _row(1))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [f"{path}:2: line longer than {MAX_LINE_BYTES:,} bytes"]
+    result = await import_file(database, path, skip_invalid=True)
+    assert (result.rows, result.appended, result.invalid) == (3, 2, 1)
+
+
+async def test_unlikely_spans_are_imported_with_a_warning(database: Database, tmp_path: Path) -> None:
+    """A mistyped year (a run of 31,536,010 s) is imported as given, and said."""
+    path = tmp_path / "typo.jsonl"
+    year_later = {"started_at": "2027-03-01T14:00:20+00:00"}
+    path.write_bytes(_row(0) + _row(1, elapsed_s=2 * 86_400) + _row(2, **year_later) + _row(3, run="fine"))
+    result = await import_file(database, path)
+    assert result.appended == 4
+    assert result.warnings == [
+        f"{path}:1: run 'r' spreads over 365.0 days in this file (lines 1 to 3): check those dates",
+        f"{path}:2: a call of 172,800 s (over a day): check its times",
+    ]
 
 
 async def test_csv_with_tag_columns(database: Database, tmp_path: Path) -> None:

@@ -110,6 +110,10 @@ def import_command(args: argparse.Namespace) -> int:
                         continue
                 for line in result.errors[:20]:
                     print(f"skipped {line}", file=sys.stderr)
+                for line in result.warnings[:20]:
+                    print(f"ledger: warning: {line}", file=sys.stderr)
+                if len(result.warnings) > 20:
+                    print(f"ledger: warning: … and {len(result.warnings) - 20} more", file=sys.stderr)
                 print(
                     f"{name}: {result.rows} rows, {result.appended} calls imported, "
                     f"{result.duplicates} already present, {result.invalid} invalid skipped"

@@ -26,6 +26,7 @@ NAMESPACE = uuid.UUID("0b5d7c56-6a1e-5b8e-8f0e-4c2a7d9e1f30")
 class Parsed(msgspec.Struct, kw_only=True):
     events: list[NewEvent]
     errors: list[str]
+    warnings: list[str]
     rows: int
     legacy: dict[uuid.UUID, uuid.UUID]  # content id -> the pre-content id (source-scoped), generated call ids only
 

@@ -11,12 +11,17 @@
   differ) is a duplicate. Within one file a repeated `call_id` is a bad row.
 - JSONL values keep their JSON types: a count or seconds given as a string (`"12"`) is a bad row.
   CSV cells are text, so they are parsed, and counts must still be whole numbers.
-- Errors read `file:line: reason`.
+- A moment the calendar cannot hold (a start of 9999-12-31T23:59:59Z plus 5 s, 0001-01-01T00:00+05:00,
+  `elapsed_s` of 1e300) is a bad row; a span that is valid but unlikely (a call over a day, a run whose
+  calls in the file spread over more than a week: a mistyped year) is imported with a warning.
+- A line longer than `MAX_LINE_BYTES` is a bad row, read no further than that.
+- Errors and warnings read `file:line: reason`.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 import os
@@ -34,7 +39,7 @@ from usage_ledger.ledger.events import CallImported, NewEvent, new_event
 from usage_ledger.projections._import_identity import NAMESPACE, Parsed, content_event_id, reconcile_with_ledger
 from usage_ledger.projections.errors import ImportFailed, ProjectionError
 
-__all__ = ("ImportResult", "RowError", "import_file", "parse_file", "parse_record")
+__all__ = ("MAX_LINE_BYTES", "ImportResult", "RowError", "import_file", "parse_file", "parse_record")
 
 Format = Literal["jsonl", "csv"]
 Progress = Callable[[int, int], None]
@@ -56,6 +61,10 @@ _KNOWN = frozenset(
 )
 _canonical = msgspec.json.Encoder(order="sorted")
 _MAX_TEXT = 255
+MAX_LINE_BYTES = 1024 * 1024
+"""A row (JSONL line, CSV record) longer than this is a bad row: a call's fields fit in far less."""
+_LONG_CALL = timedelta(days=1)
+_LONG_RUN = timedelta(days=7)
 
 
 class RowError(ValueError):
@@ -70,6 +79,8 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
     duplicates: int
     invalid: int
     errors: list[str] = []
+    warnings: list[str] = []
+    """Rows imported as given whose spans are unlikely (`file:line: reason`)."""
 
 
 def _time(value: Any, field: str, text_numbers: bool = True) -> datetime:
@@ -99,7 +110,10 @@ def _time(value: Any, field: str, text_numbers: bool = True) -> datetime:
         raise RowError(f"{field}: {value!r} is neither ISO 8601 nor epoch seconds") from None
     if parsed.tzinfo is None:
         raise RowError(f"{field}: {value!r} has no UTC offset (add Z or +09:00, or give epoch seconds)")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise RowError(f"{field}: {value!r} is before 0001-01-01 or after 9999-12-31 in UTC") from None
 
 
 def _count(value: Any, field: str, text_numbers: bool = True) -> int:
@@ -160,7 +174,11 @@ def parse_record(
         raise RowError("missing finished_at or elapsed_s (one is required)")
     finished = _time(finished_raw, "finished_at", from_text) if finished_raw is not None else None
     if elapsed_raw is not None:
-        by_elapsed = started + timedelta(seconds=_seconds(elapsed_raw, "elapsed_s", from_text))
+        elapsed = _seconds(elapsed_raw, "elapsed_s", from_text)
+        try:
+            by_elapsed = started + timedelta(seconds=elapsed)
+        except OverflowError:
+            raise RowError(f"elapsed_s: {elapsed:g} s after started_at is past 9999-12-31") from None
         if finished is not None and abs((finished - by_elapsed).total_seconds()) > 0.001:
             raise RowError("finished_at and elapsed_s disagree (give one of them)")
         finished = finished or by_elapsed
@@ -181,7 +199,9 @@ def parse_record(
     if status_raw not in ("ok", "error"):
         raise RowError(f"status: expected ok or error, got {status_raw!r}")
     status: Literal["ok", "error"] = "ok" if status_raw == "ok" else "error"
-    ttft = fields.get("ttft_s")
+    ttft = _seconds(fields["ttft_s"], "ttft_s", from_text) if fields.get("ttft_s") is not None else None
+    if ttft is not None and ttft > (finished - started).total_seconds() + 0.001:
+        raise RowError(f"ttft_s ({ttft:g} s) is longer than the call ({(finished - started).total_seconds():g} s)")
     call_id = fields.get("call_id")
     return CallImported(
         call_id=_text(call_id, "call_id") if call_id is not None else f"imp-{event_id.hex}",
@@ -194,16 +214,30 @@ def parse_record(
         run=_text(fields["run"], "run") if fields.get("run") is not None else None,
         tags=tags,
         model=_text(fields["model"], "model") if fields.get("model") is not None else None,
-        ttft_s=_seconds(ttft, "ttft_s", from_text) if ttft is not None else None,
+        ttft_s=ttft,
         status=status,
     )
+
+
+def _lines(handle: io.BufferedReader) -> Iterator[tuple[bytes, bool]]:
+    """(line, whole) per line; a line over `MAX_LINE_BYTES` is skipped to its end, never held (whole = False)."""
+    while raw := handle.readline(MAX_LINE_BYTES + 1):
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            yield raw, True
+            continue
+        while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        yield b"", False
 
 
 def _jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
     """(line number, bytes consumed, fields or an error reason) per non-blank line."""
     consumed = 0
-    for number, raw in enumerate(handle, start=1):
-        consumed += len(raw)
+    for number, (raw, whole) in enumerate(_lines(handle), start=1):
+        consumed = handle.tell()
+        if not whole:
+            yield number, consumed, f"line longer than {MAX_LINE_BYTES:,} bytes"
+            continue
         if not raw.strip():
             continue
         try:
@@ -286,9 +320,10 @@ def detect_format(path: Path, given: str | None) -> Format:
 def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) -> Parsed:
     kind = detect_format(path, fmt)
     total = os.path.getsize(path)
-    parsed = Parsed(events=[], errors=[], rows=0, legacy={})
-    seen: dict[bytes, int] = {}
+    parsed = Parsed(events=[], errors=[], warnings=[], rows=0, legacy={})
+    seen: dict[bytes, int] = {}  # a row's content digest -> how often it occurred so far
     call_lines: dict[str, int] = {}
+    runs: dict[str | None, tuple[datetime, int, datetime, int]] = {}  # earliest start, its line, latest end, its line
     with path.open("rb") as handle:
         iterator = _jsonl_rows(handle) if kind == "jsonl" else _csv_rows(handle)
         for line, consumed, fields in iterator:
@@ -299,8 +334,9 @@ def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) 
                 parsed.errors.append(f"{path}:{line}: {fields}")
                 continue
             content = _canonical.encode(fields)
-            occurrence = seen.get(content, 0)
-            seen[content] = occurrence + 1
+            digest = hashlib.blake2b(content, digest_size=16).digest()
+            occurrence = seen.get(digest, 0)
+            seen[digest] = occurrence + 1
             event_id = content_event_id(content, occurrence)
             try:
                 body = parse_record(fields, source=source, line=line, event_id=event_id, from_text=kind == "csv")
@@ -313,8 +349,26 @@ def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) 
                 continue
             if fields.get("call_id") is None:
                 parsed.legacy[event_id] = uuid.uuid5(NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
+            if body.finished_at - body.started_at > _LONG_CALL:
+                seconds = (body.finished_at - body.started_at).total_seconds()
+                parsed.warnings.append(f"{path}:{line}: a call of {seconds:,.0f} s (over a day): check its times")
+            first_start, first_line, last_end, last_line = runs.get(
+                body.run, (body.started_at, line, body.finished_at, line)
+            )
+            if body.started_at < first_start:
+                first_start, first_line = body.started_at, line
+            if body.finished_at > last_end:
+                last_end, last_line = body.finished_at, line
+            runs[body.run] = (first_start, first_line, last_end, last_line)
             parsed.events.append(
                 new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
+            )
+    for run, (first_start, first_line, last_end, last_line) in runs.items():
+        if run is not None and last_end - first_start > _LONG_RUN:
+            days = (last_end - first_start).total_seconds() / 86400
+            parsed.warnings.append(
+                f"{path}:{first_line}: run {run!r} spreads over {days:,.1f} days in this file (lines {first_line} "
+                f"to {last_line}): check those dates"
             )
     if progress is not None:
         progress(total, total)
@@ -359,6 +413,7 @@ async def import_file(
         duplicates=stored + (result.duplicates if result else 0),
         invalid=len(errors),
         errors=errors,
+        warnings=sorted(parsed.warnings, key=_line_of),
     )
 
 
