@@ -255,3 +255,89 @@ def test_a_record_quoted_inside_a_damaged_body_is_never_replayed(tmp_path: Path,
     else:
         assert len(scan.records) == 1 and [(d.offset, d.size) for d in scan.damaged] == [(start, len(data) - start)]
     spool.close()
+
+
+# -- trust: planted files, forged records, a spool from another ledger (red team, round three) --------------
+
+NOBODY = 65534
+
+
+def _legacy_record(record: SpoolRecord) -> bytes:
+    """A record as gateways wrote them before spool records were keyed: the msgpack body alone."""
+    body = msgspec.msgpack.encode(record)
+    return struct.pack(">II", len(body), zlib.crc32(body)) + body
+
+
+def test_a_spool_file_another_user_planted_is_refused_and_never_read(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    planted = directory / Spool.FILE_NAME
+    planted.write_bytes(_legacy_record(SpoolRecord(events=call_events(1))))
+    os.chown(planted, NOBODY, NOBODY)
+    planted.chmod(0o644)
+    with pytest.raises(ConfigError, match=f"spool file {planted} is owned by uid {NOBODY}"):
+        Spool(directory).open()
+
+
+@pytest.mark.parametrize("target", ["directory", "file", "key"])
+def test_spool_state_others_may_write_is_refused(tmp_path: Path, target: str) -> None:
+    spool = Spool(tmp_path / "spool")
+    with spool:
+        spool.write(SpoolRecord(events=call_events(1)))
+    path = {"directory": spool.directory, "file": spool.path, "key": spool.key_path}[target]
+    path.chmod(0o777 if target == "directory" else 0o666)
+    with pytest.raises(ConfigError, match="may be written by other users"):
+        Spool(tmp_path / "spool").open()
+    path.chmod(0o700 if target == "directory" else 0o600)
+    os.chown(path, NOBODY, NOBODY)
+    with pytest.raises(ConfigError, match=f"is owned by uid {NOBODY}"):
+        Spool(tmp_path / "spool").open()
+
+
+def test_a_sticky_shared_directory_may_hold_a_spool(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: others cannot replace what is ours
+    with Spool(shared) as spool:
+        spool.write(SpoolRecord(events=call_events(1)))
+        assert len(spool.scan().records) == 1
+
+
+async def test_a_forged_record_and_a_spool_from_another_ledger_are_quarantined_never_appended(
+    database: Database, tmp_path: Path
+) -> None:
+    ours, theirs = Spool(tmp_path / "ours" / "spool"), Spool(tmp_path / "theirs" / "spool")
+    with theirs:
+        theirs.write(SpoolRecord(events=call_events(7)))  # keyed with the other ledger's key
+    foreign = theirs.path.read_bytes()
+    with ours:
+        ours.write(SpoolRecord(events=call_events(1)))
+        with ours.path.open("ab") as handle:
+            handle.write(foreign)  # a record from elsewhere, or forged without our key
+        ours.write(SpoolRecord(events=call_events(2)))
+        scan = ours.scan()
+        assert [r.events[0].stream for r in scan.records] == [call_events(1)[0].stream, call_events(2)[0].stream]
+        assert len(scan.damaged) == 1 and "not keyed by this spool's key" in scan.damaged[0].reason
+        with pytest.raises(SpoolCorrupt, match="not keyed by this spool's key"):
+            await replay_spool(database, ours)
+        appended, _ = await replay_spool(database, ours, quarantine=True)
+        assert ours.quarantined()[0].read_bytes() == foreign
+    streams = {e.stream async for e in iter_events(database)}
+    assert streams == {call_events(1)[0].stream, call_events(2)[0].stream} and appended == 4
+    # the other ledger's whole spool directory brought here: nothing of it is taken
+    (tmp_path / "moved").mkdir()
+    os.rename(theirs.directory, tmp_path / "moved" / "spool")
+    with Spool(tmp_path / "moved" / "spool") as moved:  # a fresh key beside it, not theirs
+        assert moved.scan().records == [] and len(moved.scan().damaged) == 1
+
+
+async def test_a_spool_written_before_records_were_keyed_is_replayed_once(database: Database, tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    (directory / Spool.FILE_NAME).write_bytes(
+        b"".join(_legacy_record(SpoolRecord(events=call_events(i))) for i in range(3))
+    )
+    with Spool(directory) as spool:
+        assert spool.scan().unkeyed == 3
+        appended, _ = await replay_spool(database, spool)
+        assert appended == 6 and spool.scan().records == []

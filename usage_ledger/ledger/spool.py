@@ -1,9 +1,17 @@
 """A local, append-only, fsync'd spool for events the database could not take.
 
-Record layout: 4-byte big-endian length ‖ 4-byte CRC-32 of the body ‖ body (msgpack of a
-`SpoolRecord`: events and the prepared bodies they reference). A record is durable once `write`
-returns; a write that fails or comes up short (ENOSPC) is cut back to the last good record and
-raises `SpoolWriteFailed`, so nothing half-written is ever counted durable.
+Record layout: 4-byte big-endian length ‖ 4-byte CRC-32 of the body ‖ body. The body is `0x00` ‖
+HMAC-SHA-256 of the rest under the spool's key ‖ msgpack of a `SpoolRecord` (events and the prepared
+bodies they reference). A record is durable once `write` returns; a write that fails or comes up short
+(ENOSPC) is cut back to the last good record and raises `SpoolWriteFailed`, so nothing half-written is
+ever counted durable.
+
+Trust: the spool's directory, file and key must be the gateway's own (owned by its user or root, not
+writable by others: `durable.check_owned`), else `open` refuses them. The key (`KEY_FILE_NAME`, 32 random
+bytes, made on first open) lives beside the spool directory, not in it: a spool directory brought from
+another ledger, or a record forged without the key, fails its HMAC and is quarantined as damage, never
+replayed. A record written before records were keyed (a msgpack body, no `0x00`) is replayed once and
+counted in `SpoolScan.unkeyed`, so an upgrade loses nothing.
 
 Reading: a record cut short at the end of the file (a crash mid-write) is reported and dropped.
 A damaged region before the end (bad length, checksum or body) is skipped so valid records after
@@ -22,7 +30,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
+import hmac
 import os
+import secrets
 import struct
 import time
 import zlib
@@ -31,7 +42,7 @@ from pathlib import Path
 import msgspec
 
 from usage_ledger.ledger.blobs import PreparedBlob
-from usage_ledger.ledger.durable import fsync_dir
+from usage_ledger.ledger.durable import check_owned, fsync_dir
 from usage_ledger.ledger.errors import ConfigError, SpoolWriteFailed
 from usage_ledger.ledger.events import NewEvent
 
@@ -39,6 +50,9 @@ __all__ = ("Spool", "SpoolDamage", "SpoolRecord", "SpoolScan")
 
 _HEADER = struct.Struct(">II")
 _MAX_RECORD = 1 << 31
+_KEYED = b"\x00"  # a msgpack record (a map) never starts with it
+_MAC_BYTES = 32
+_KEY_BYTES = 32
 
 
 class SpoolRecord(msgspec.Struct, frozen=True):
@@ -62,6 +76,8 @@ class SpoolScan(msgspec.Struct, frozen=True):
     torn_tail_bytes: int
     damaged: list[SpoolDamage] = []
     spans: list[tuple[int, int]] = []  # (start, end) of each good record, in file order
+    unkeyed: int = 0
+    """Good records written before records were keyed (replayed once, said in the log)."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -71,23 +87,34 @@ _decoder = msgspec.msgpack.Decoder(SpoolRecord)
 class Spool:
     FILE_NAME = "events.spool"
     QUARANTINE_PREFIX = FILE_NAME + ".quarantine-"
+    KEY_FILE_NAME = "ledger-spool.key"
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.path = self.directory / self.FILE_NAME
+        self.key_path = self.directory.absolute().parent / self.KEY_FILE_NAME
+        self._key: bytes | None = None
         self._fd: int | None = None
         self._retired: list[int] = []  # descriptors of files replaced by `recover`, kept locked until close
 
     # -- ownership -------------------------------------------------------------------------
     def open(self) -> None:
-        """Create the directory and take ownership of the spool (ConfigError if another process has it)."""
+        """Create the directory and take ownership of the spool (ConfigError if another process has it, or
+        if the directory, file or key could have been planted or changed by another user)."""
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_owned(self.directory, "spool directory")
+            self._key = self._load_key()
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         except OSError as exc:
             raise ConfigError(
                 f"cannot open spool {self.path}: {exc.strerror}; set LEDGER_SPOOL_DIR to a writable directory"
             ) from exc
+        try:
+            check_owned(self.path, "spool file")
+        except ConfigError:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as exc:
@@ -104,6 +131,26 @@ class Spool:
         for fd in self._retired:
             os.close(fd)
         self._retired = []
+
+    def _load_key(self) -> bytes:
+        """The spool's key: read (it must be the gateway's own), or made on first open (mode 0600)."""
+        try:
+            check_owned(self.key_path, "spool key")
+            key = self.key_path.read_bytes()
+        except FileNotFoundError:
+            key = secrets.token_bytes(_KEY_BYTES)
+            tmp = self.key_path.with_name(f".{self.KEY_FILE_NAME}.{os.getpid()}.tmp")
+            _write_file(tmp, key)
+            try:
+                os.link(tmp, self.key_path)
+            except FileExistsError:  # another process made it first: use theirs
+                key = self.key_path.read_bytes()
+            finally:
+                tmp.unlink(missing_ok=True)
+            fsync_dir(self.key_path.parent)
+        if len(key) != _KEY_BYTES:
+            raise ConfigError(f"spool key {self.key_path} is not {_KEY_BYTES} bytes: check it, or remove it")
+        return key
 
     def __enter__(self) -> Spool:
         self.open()
@@ -134,7 +181,8 @@ class Spool:
         `SpoolWriteFailed`: the record is not durable, and the spool still ends on a good record.
         """
         fd = self._require_fd()
-        body = _encoder.encode(record)
+        payload = _encoder.encode(record)
+        body = _KEYED + hmac.digest(self._require_key(), payload, hashlib.sha256) + payload
         data = memoryview(_HEADER.pack(len(body), zlib.crc32(body)) + body)
         start = os.fstat(fd).st_size  # O_APPEND and one owner: the record lands here
         try:
@@ -177,7 +225,7 @@ class Spool:
         """
         fd = self._require_fd()
         data = self.path.read_bytes()
-        scan = _scan(data)
+        scan = _scan(data, self._require_key())
         if scan.damaged:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             for damage in scan.damaged:
@@ -206,12 +254,17 @@ class Spool:
     # -- reading -----------------------------------------------------------------------------
     def scan(self) -> SpoolScan:
         """Read every good record; a torn tail and damaged regions are reported in the result, not raised."""
-        return _scan(self.path.read_bytes() if self.path.exists() else b"")
+        return _scan(self.path.read_bytes() if self.path.exists() else b"", self._require_key())
 
     def _require_fd(self) -> int:
         if self._fd is None:
             raise RuntimeError("spool not opened")
         return self._fd
+
+    def _require_key(self) -> bytes:
+        if self._key is None:
+            raise RuntimeError("spool not opened")
+        return self._key
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -260,26 +313,42 @@ def _clean_to_end(data: bytes, offset: int) -> bool:
     return True
 
 
-def _scan(data: bytes) -> SpoolScan:
+def _record(body: bytes, key: bytes) -> tuple[SpoolRecord, bool]:
+    """(record, keyed) of a body whose CRC checked out; ValueError if it is not one of this spool's records."""
+    keyed = body[:1] == _KEYED
+    if keyed:
+        mac, body = body[1 : 1 + _MAC_BYTES], body[1 + _MAC_BYTES :]
+        if not hmac.compare_digest(mac, hmac.digest(key, body, hashlib.sha256)):
+            raise ValueError("is not keyed by this spool's key (a spool from another ledger, or forged)")
+    try:
+        return _decoder.decode(body), keyed
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"does not decode: {exc}") from None
+
+
+def _scan(data: bytes, key: bytes) -> SpoolScan:
     records: list[SpoolRecord] = []
     spans: list[tuple[int, int]] = []
     damaged: list[SpoolDamage] = []
+    unkeyed = 0
     offset = 0
     end = len(data)
     while offset < end:
         record_end, reason = _check(data, offset)
         if reason is None:
             try:
-                records.append(_decoder.decode(data[offset + _HEADER.size : record_end]))
+                record, keyed = _record(data[offset + _HEADER.size : record_end], key)
+                records.append(record)
                 spans.append((offset, record_end))
-            except msgspec.DecodeError as exc:
-                damaged.append(SpoolDamage(offset=offset, size=record_end - offset, reason=f"does not decode: {exc}"))
+                unkeyed += not keyed
+            except ValueError as exc:
+                damaged.append(SpoolDamage(offset=offset, size=record_end - offset, reason=str(exc)))
             offset = record_end
             continue
         if reason == "fails its checksum":  # the length is plausible: trust it before scanning inside the body
             claimed_end = offset + _HEADER.size + _HEADER.unpack_from(data, offset)[0]
             if claimed_end == end:  # the last record: a torn write
-                return SpoolScan(records, offset, end - offset, damaged, spans)
+                return SpoolScan(records, offset, end - offset, damaged, spans, unkeyed)
             if _check(data, claimed_end)[1] is None:
                 damaged.append(SpoolDamage(offset=offset, size=claimed_end - offset, reason=reason))
                 offset = claimed_end
@@ -287,14 +356,14 @@ def _scan(data: bytes) -> SpoolScan:
         # resynchronise: the next offset where a header's length and CRC check out
         following = next((p for p in range(offset + 1, end - _HEADER.size + 1) if _check(data, p)[1] is None), None)
         if following is None:  # nothing valid after it: a torn tail (a crash mid-write), dropped
-            return SpoolScan(records, offset, end - offset, damaged, spans)
+            return SpoolScan(records, offset, end - offset, damaged, spans, unkeyed)
         if reason == "torn":
             reason = "has a length running past the end of the file"
             if not _clean_to_end(data, following):
                 # What a crash mid-write leaves; a CRC-valid header inside it that does not lead to
                 # the end may be a client's body quoting a record: keep it all, replay none of it.
                 damaged.append(SpoolDamage(offset=offset, size=end - offset, reason=reason + " (kept, not replayed)"))
-                return SpoolScan(records, None, 0, damaged, spans)
+                return SpoolScan(records, None, 0, damaged, spans, unkeyed)
         damaged.append(SpoolDamage(offset=offset, size=following - offset, reason=reason))
         offset = following
-    return SpoolScan(records, None, 0, damaged, spans)
+    return SpoolScan(records, None, 0, damaged, spans, unkeyed)

@@ -74,7 +74,15 @@ async def replay_spool(
 
 
 def report_damage(spool: Spool, scan: SpoolScan) -> None:
-    """Log (warning) what `Spool.recover` cut: a torn tail, and each quarantined region."""
+    """Log (warning) what `Spool.recover` cut: a torn tail, and each quarantined region (a record from
+    another ledger or forged among them); and records from before spool records were keyed, replayed once."""
+    if scan.unkeyed:
+        log.warning(
+            "spool_unkeyed_records_replayed",
+            path=str(spool.path),
+            records=scan.unkeyed,
+            detail="written before spool records were keyed (an older gateway): replayed once",
+        )
     if scan.torn_tail_at is not None:
         log.warning(
             "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
