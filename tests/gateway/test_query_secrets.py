@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import os
 import re
 import stat
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -176,6 +178,9 @@ def test_the_fingerprint_names_its_kind_and_its_key() -> None:
 # -- the key file --------------------------------------------------------------------------------
 
 
+KEY_HEX = "0123456789abcdef" * 4
+
+
 def _key(tmp_path: Path, key_file: str | None = None) -> FingerprintKey:
     return load_fingerprint_key(GatewaySettings(fingerprint_key_file=key_file), str(tmp_path / "spool"))
 
@@ -238,12 +243,31 @@ def test_an_unusable_key_file_stops_the_start(tmp_path: Path, content: bytes | N
 
 def test_a_key_file_others_can_read_is_reported(tmp_path: Path) -> None:
     path = tmp_path / "k"
-    path.write_text("ab" * 32)
+    path.write_text(KEY_HEX)
     path.chmod(0o644)
     with structlog.testing.capture_logs() as logs:
         _key(tmp_path, str(path))
     assert {"event": "fingerprint_key_file_readable_by_others", "mode": "0644"}.items() <= logs[0].items()
-    assert "ab" * 32 not in repr(logs)
+    assert KEY_HEX not in repr(logs)
+
+
+@pytest.mark.parametrize(
+    ("plant", "problem"),
+    [
+        (lambda p: os.chown(p, 65534, 65534), "is owned by uid 65534"),  # planted by another user (nobody)
+        (lambda p: p.chmod(0o646), "may be written by other users"),
+        (lambda p: p.write_text("00" * 32), "not random"),  # all zeros: fingerprints testable offline
+    ],
+)
+def test_a_planted_key_file_is_refused(tmp_path: Path, plant: Any, problem: str) -> None:
+    """Red team, round three: a key of all zeros owned by `nobody` was loaded with only a warning."""
+    path = tmp_path / DEFAULT_KEY_FILE_NAME
+    path.write_text(KEY_HEX)
+    path.chmod(0o600)
+    plant(path)
+    for configured in (str(path), None):
+        with pytest.raises(ConfigError, match=problem):
+            _key(tmp_path, configured)
 
 
 # -- through the real server and upstream client ---------------------------------------------------

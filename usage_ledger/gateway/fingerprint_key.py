@@ -13,7 +13,10 @@ keys are never mistaken for two different secrets. Events written before this ca
       unset → <parent of LEDGER_SPOOL_DIR>/ledger-fingerprint.key, created (mode 0600) on first start
 
 A configured file is never created: a missing one is usually a volume that did not mount, and a
-fresh key would silently make fingerprints that match none made before.
+fresh key would silently make fingerprints that match none made before. A key file another user owns or
+may write, or one whose key is not random (every byte the same, such as all zeros), is refused: a planted
+key makes stored fingerprints testable offline. Readable by others is allowed with a warning (replicas may
+share one key read-only).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from pathlib import Path
 import structlog
 
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.durable import fsync_dir
+from usage_ledger.ledger.durable import check_owned, fsync_dir
 from usage_ledger.ledger.errors import ConfigError
 
 __all__ = ("DEFAULT_KEY_FILE_NAME", "FINGERPRINT_PREFIX", "FingerprintKey", "key_file_path", "load_fingerprint_key")
@@ -84,6 +87,7 @@ def load_fingerprint_key(settings: GatewaySettings, spool_dir: str) -> Fingerpri
     """Read (or, at the default path, create on first start) the installation's key; ConfigError if unusable."""
     path, configured = key_file_path(settings, spool_dir)
     try:
+        check_owned(path, "fingerprint key file")
         text = path.read_bytes()
     except FileNotFoundError:
         if configured:
@@ -106,7 +110,12 @@ def _parse(path: Path, text: bytes) -> FingerprintKey:
             f"{path} does not hold a fingerprint key: expected 64 hex digits (32 random bytes) and nothing else; "
             + _CREATE_HINT.format(path=path)
         )
-    return FingerprintKey(bytes.fromhex(stripped.decode("ascii")))
+    key = bytes.fromhex(stripped.decode("ascii"))
+    if len(set(key)) == 1:
+        raise ConfigError(
+            f"{path} holds a key that is not random (every byte {key[0]:#04x}): " + _CREATE_HINT.format(path=path)
+        )
+    return FingerprintKey(key)
 
 
 def _create(path: Path) -> FingerprintKey:
