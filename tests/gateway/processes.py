@@ -33,7 +33,7 @@ class Process:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.args} exited {self.proc.returncode}:\n{self.log_path.read_text()}")
             try:
-                if httpx.get(self.health_url, timeout=1).status_code == 200:
+                if httpx.get(self.health_url, timeout=1).status_code in (200, 503):  # up; 503: degraded, says why
                     return self
             except httpx.TransportError:
                 pass

@@ -91,6 +91,36 @@ async def test_a_long_wal_is_emptied_once_readers_let_go(tmp_path: Path, monkeyp
         await database.dispose()
 
 
+async def test_the_wal_is_cut_back_whenever_it_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Red team, round three: on a full disk the WAL kept the space a long read had made it take. With
+    TRUNCATE kept out of reach, `journal_size_limit` alone gives it back when the WAL starts over."""
+    monkeypatch.setattr(sqlite_append, "_CHECKPOINT_BYTES", 1)
+    monkeypatch.setattr(sqlite_append, "_WAL_RESTART_BYTES", 1 << 40)  # never TRUNCATE
+    monkeypatch.setattr(sqlite_append, "_WAL_KEPT_BYTES", 128 << 10)
+    path = tmp_path / "l.db"
+    wal = Path(f"{path}-wal")
+    database = open_database(f"sqlite:///{path}")
+    await upgrade_database(database)
+    appender = database.sqlite_appender
+    assert appender is not None and appender._checkpointer is not None
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM ledger_events").fetchone()
+        for start in range(0, 400, 50):
+            await append_events(database, [e for i in range(start, start + 50) for e in call_events(i)])
+        await appender._checkpointer._call(lambda: None)
+        assert _size(wal) > 512 << 10
+        reader.execute("COMMIT")
+        await append_events(database, call_events(400))  # checkpointed whole, with no reader in the way
+        await appender._checkpointer._call(lambda: None)
+        await append_events(database, call_events(401))  # starts the WAL over: cut back to the limit
+        assert _size(wal) <= 128 << 10
+    finally:
+        reader.close()
+        await database.dispose()
+
+
 async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_pages(tmp_path: Path) -> None:
     database = open_database(f"sqlite:///{tmp_path / 'l.db'}")
     await upgrade_database(database)

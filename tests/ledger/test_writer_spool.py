@@ -33,8 +33,8 @@ async def _health(writer: EventWriter, database: Database) -> dict[str, object]:
     app = create_admin_app(GatewaySettings(), database=database, writer=writer, metrics=Metrics())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
         response = await client.get("/_ledger/health")
-    assert response.status_code == 200  # still serving: degraded, not dead
     body: dict[str, object] = response.json()
+    assert response.status_code == (200 if body["status"] == "ok" else 503), body  # a health check sees trouble
     return body
 
 
@@ -128,3 +128,46 @@ async def test_a_failed_spool_write_fails_the_append(
         writer.database = database
     await down.dispose()
     assert await _stored_ids(database) == [str(e.event_id) for e in first + third]
+
+
+async def test_health_says_so_when_events_can_be_neither_committed_nor_spooled(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team, round three: with the database and the spool on a full disk, health said `ok`."""
+    down = open_database(UNREACHABLE, null_pool=True)
+    spool = Spool(tmp_path / "spool")
+    async with EventWriter(down, spool, retry_interval_s=3600) as writer:
+
+        def full(_record: SpoolRecord) -> None:
+            raise SpoolWriteFailed("spool: write failed (No space left on device); the record was not kept")
+
+        monkeypatch.setattr(spool, "write", full)
+        with pytest.raises(SpoolWriteFailed):
+            await writer.append(call_events(1))
+        health = await _health(writer, database)
+        assert health["status"] == "degraded"
+        assert any(
+            str(r).startswith("events cannot be recorded:") and "No space left" in str(r) for r in health["reasons"]
+        )
+        monkeypatch.undo()
+        assert await writer.append(call_events(2)) == "spooled"  # recorded again: that reason goes
+        assert not any("cannot be recorded" in str(r) for r in (await _health(writer, database))["reasons"])
+    await down.dispose()
+
+
+async def test_health_says_so_when_the_disk_is_nearly_full(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.statvfs
+
+    def nearly_full(path: str) -> os.statvfs_result:
+        found = real(path)
+        values = list(found)
+        values[4] = 10  # f_bavail: 10 blocks
+        return os.statvfs_result(values)
+
+    async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
+        assert (await _health(writer, database))["status"] == "ok"
+        monkeypatch.setattr(os, "statvfs", nearly_full)
+        reasons = (await _health(writer, database))["reasons"]
+        assert any(str(r).startswith(f"spool {tmp_path / 'spool'}:") and "MiB free" in str(r) for r in reasons), reasons

@@ -1,6 +1,6 @@
 """The admin side, under `/_ledger/`: health, Prometheus metrics and the read API (Litestar).
 
-    /_ledger/health              no auth: liveness plus the writer's state
+    /_ledger/health              no auth: the writer's state; 200 when ok, 503 when degraded
     /_ledger/metrics             Prometheus text exposition
     /_ledger/api/calls/{id}      the events of one call (stream `call-<id>`)
     /_ledger/api/<routers>       read models supplied by the composition (runs, tickers, daily, ...)
@@ -113,11 +113,13 @@ def create_admin_app(
         "/calls/{call_id:str}/events", summary="The ledger events of one call", raises=[*guarded, NotFoundException]
     )(call_events)
 
-    @get("/_ledger/health", summary="Liveness and the writer's state", include_in_schema=False)
-    async def health() -> Health:
-        # Always 200: the gateway still proxies and spools, so a restart would not help; `status` tells.
+    @get("/_ledger/health", summary="The writer's state", include_in_schema=False)
+    async def health() -> Response[Health]:
+        # 503 when degraded, so a container's health check sees trouble (events not recorded, a disk nearly
+        # full, a spool not replayed); the body says why. Use it for readiness and alerts: a restart fixes none
+        # of these, so it is no liveness probe (docs/operations.md).
         problems = writer.problems
-        return Health(
+        body = Health(
             status="degraded" if problems else "ok",
             reasons=problems,
             spooling=writer.spooling,
@@ -125,6 +127,7 @@ def create_admin_app(
             spool_bytes=writer.spool_bytes,
             in_flight=metrics.in_flight,
         )
+        return Response(body, status_code=503 if problems else 200)
 
     @get("/_ledger/metrics", guards=[guard], include_in_schema=False)
     async def prometheus() -> Response[str]:

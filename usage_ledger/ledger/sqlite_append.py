@@ -58,6 +58,9 @@ _COMMIT_OVERHEAD = 16 << 10
 _BACKSTOP_PAGES = 10_000
 _PAGE_BYTES = 4096  # SQLite's default page size, which the ledger keeps
 _WAL_RESTART_BYTES = 8 << 20  # a WAL longer than this is emptied (`_Checkpointer._restart_wal`)
+_WAL_KEPT_BYTES = 64 << 20
+"""`journal_size_limit`: whenever SQLite starts the WAL over, it cuts the file back to this, so space a long
+read held on to (a full disk's WAL ate what was freed) is given back even when no TRUNCATE got through."""
 _WAL_RESTART_WAIT_MS = 100
 _CACHE_KIB = -65536  # negative: KiB, as SQLite's PRAGMA cache_size takes it
 _LOCK_POLL_S = 0.0002
@@ -249,6 +252,7 @@ class SqliteAppender(_ThreadConnection):
             conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
             if self._checkpointer is not None:
                 conn.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
+                conn.execute(f"PRAGMA journal_size_limit={_WAL_KEPT_BYTES}")
             self._conn = conn
         return self._conn
 

@@ -12,6 +12,7 @@ spool holds anything, new batches go to the spool too, so events reach the datab
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -31,6 +32,8 @@ __all__ = ("Durable", "EventWriter", "replay_spool", "report_damage")
 Durable = Literal["committed", "spooled"]
 log = structlog.get_logger("ledger.writer")
 _RESOLVE_SLICE = 256  # futures resolved per event-loop turn
+LOW_DISK_BYTES = 64 * 1024 * 1024
+"""Free space under which the spool's or the SQLite ledger's file system makes the writer report trouble."""
 INLINE_COMPRESS_BYTES = 16 * 1024
 """Bodies of a batch up to this size are compressed on the loop (tens of µs); a thread hop costs more."""
 
@@ -116,6 +119,7 @@ class EventWriter:
         self.last_position = 0
         self.committed_events = 0
         self.spooled_events = 0
+        self._failing: str | None = None  # why the latest batch could be neither committed nor spooled
         # Submissions waiting for the writer task, as parallel lists (the gateway submits once per
         # call: no per-submission object but its future, which keeps full GC passes rare):
         # every event in order; per submission its future, its bodies and where its events end.
@@ -197,8 +201,15 @@ class EventWriter:
 
     @property
     def problems(self) -> list[str]:
-        """Why the ledger is not fully healthy: the spool cannot be replayed, or holds quarantined damage."""
+        """Why the ledger is not fully healthy: the latest events could not be recorded at all, the disk is
+        nearly full, the spool cannot be replayed, or it holds quarantined damage."""
         found: list[str] = []
+        if self._failing is not None:
+            found.append(f"events cannot be recorded: {self._failing}")
+        found += [
+            f"{what} {where}: {free // (1024 * 1024)} MiB free (under {LOW_DISK_BYTES // (1024 * 1024)} MiB)"
+            for what, where, free in self._low_disks()
+        ]
         if self._spooling:
             found.append(f"spool cannot be replayed yet: {self._unavailable or 'database unavailable'}")
         if self.spool is not None:
@@ -210,6 +221,25 @@ class EventWriter:
                     "inspect them, then move them out of the spool directory"
                 )
         return found
+
+    def _low_disks(self) -> list[tuple[str, str, int]]:
+        """(what, where, free bytes) for each place the writer writes to whose file system is nearly full."""
+        places: list[tuple[str, str]] = []
+        if self.spool is not None:
+            places.append(("spool", str(self.spool.directory)))
+        ledger_file = self.database.engine.url.database if self.database.backend == "sqlite" else None
+        if ledger_file:
+            places.append(("ledger", os.path.dirname(os.path.abspath(ledger_file))))
+        low = []
+        for what, where in places:
+            try:
+                stats = os.statvfs(where)
+            except OSError:
+                continue
+            free = stats.f_bavail * stats.f_frsize
+            if free < LOW_DISK_BYTES:
+                low.append((what, where, free))
+        return low
 
     # -- the writer task -------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -271,6 +301,7 @@ class EventWriter:
             outcome = "committed"
         except LedgerError as exc:
             if self.spool is None:
+                self._failing = str(exc)
                 await self._resolve(done, exc)
                 return
             if not self._spooling:
@@ -283,10 +314,12 @@ class EventWriter:
                 self.spool.write(SpoolRecord(events=events, blobs=blobs))
             except (OSError, SpoolWriteFailed) as spool_exc:
                 log.error("spool_write_failed", error=str(spool_exc), spool=str(self.spool.path))
+                self._failing = f"{exc}; and the spool: {spool_exc}"
                 await self._resolve(done, spool_exc)
                 return
             self.spooled_events += len(events)
             outcome = "spooled"
+        self._failing = None
         await self._resolve(done, outcome)
 
     @staticmethod
