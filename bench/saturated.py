@@ -70,9 +70,7 @@ class _Flood(asyncio.Protocol):
     async def stream(self) -> None:
         transport = self.transport
         assert transport is not None
-        transport.write(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-        )
+        transport.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
         framed = b"%x\r\n%s\r\n" % (len(CHUNK), CHUNK)
         for _ in range(self.chunks):
             if transport.is_closing():
@@ -152,8 +150,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     flood_port, gw_port = _free_port(), _free_port()
     flood = subprocess.Popen([sys.executable, __file__, "--serve", str(flood_port), "--chunks", str(args.chunks)])
     gw = subprocess.Popen(
-        [LEDGER, "serve", "--upstream", f"http://127.0.0.1:{flood_port}", "--port", str(gw_port), "--db", db]
-        + ["--spool-dir", str(tmp / "spool"), "--no-projections"],
+        [
+            *(LEDGER, "serve", "--upstream", f"http://127.0.0.1:{flood_port}", "--port", str(gw_port), "--db", db),
+            *("--spool-dir", str(tmp / "spool"), "--no-projections"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp / "gateway.log", "wb"),
         env={**os.environ, "LEDGER_LOG_LEVEL": "warning", "LEDGER_SERVER_SAMPLE_S": "0"},

@@ -16,12 +16,13 @@ import contextlib
 import time
 from collections.abc import MutableMapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, UpstreamError
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
 from usage_ledger.gateway.inspect import (
     USAGE_REQUEST_PATHS,
@@ -31,17 +32,31 @@ from usage_ledger.gateway.inspect import (
     with_usage_requested,
 )
 from usage_ledger.gateway.kept import KeptBody, usage_from_tail
+from usage_ledger.gateway.limits import ByteBudget
+from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.observed import Observed
-from usage_ledger.gateway.recorder import NotRecorded, new_call_id
+from usage_ledger.gateway.recorder import NotRecorded, Recorder, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
 from usage_ledger.gateway.response import AbortResponse, Responder
 from usage_ledger.gateway.secrets import recorded_query
-from usage_ledger.gateway.upstream import UpstreamResponse
+from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from usage_ledger.ledger.writer import Durable
 
-if TYPE_CHECKING:
-    from usage_ledger.gateway.proxy import Proxy
+
+class Proxy(Protocol):
+    """What a call uses of the proxy that runs it (`gateway.proxy.Proxy`; named here, not imported: no circle)."""
+
+    settings: GatewaySettings
+    fingerprint_key: FingerprintKey
+    upstream: Upstream
+    recorder: Recorder
+    metrics: Metrics
+    stored_bytes: ByteBudget
+    upstream_url: str
+    upstream_forces_usage: bool | None
+
 
 __all__ = ("Call",)
 
