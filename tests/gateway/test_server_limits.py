@@ -148,3 +148,22 @@ async def test_request_bodies_over_the_shared_budget_get_503_and_the_budget_come
         assert status == 200 and budget.held == 800  # a finished request gives its bytes back
         await close(small_writer)
         await close(holding[1])
+
+
+async def test_admin_paths_are_under_the_same_body_limits(database: Database, tmp_path: Path) -> None:
+    """`/_ledger/` bodies are read by the gateway first: a stalled one is cut (408), a large one refused (413)."""
+    settings = make_settings(**{**FAST, "max_body_bytes": 100})
+    async with echo_gateway(settings, database, tmp_path) as gw:
+        reader, writer = await _connect(gw.port, post("/_ledger/api/runs", b"0123456789")[:-5])
+        status, _, error = await _error(reader)
+        assert status == 408 and "LEDGER_BODY_TIMEOUT_S" in error["message"]
+        await close(writer)
+        reader, writer = await _connect(gw.port, post("/_ledger/api/runs", b"x" * 101))
+        status, _, error = await _error(reader)
+        assert status == 413 and error["code"] == "request_too_large"
+        await close(writer)
+        reader, writer = await _connect(gw.port, b"GET /_ledger/health HTTP/1.1\r\nhost: t\r\n\r\n")
+        status, _, body = await asyncio.wait_for(read_response(reader), 10)
+        assert status == 200 and json.loads(body)["status"] == "ok"
+        await close(writer)
+    assert gw.upstream.handled == []

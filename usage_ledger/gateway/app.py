@@ -15,6 +15,7 @@ from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.proxy import Proxy
 from usage_ledger.gateway.recorder import Recorder
+from usage_ledger.gateway.response import Responder
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
@@ -45,10 +46,37 @@ class GatewayApp:
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
         """One request: admin paths to Litestar, the rest proxied (the server runs no lifespan)."""
-        if scope["type"] != "http" or is_admin_path(scope["path"]):
+        if scope["type"] != "http":
             await self.admin(scope, receive, send)  # type: ignore[arg-type]
+        elif is_admin_path(scope["path"]):
+            await self._admin(scope, receive, send)
         else:
             await self.proxy(scope, receive, send)
+
+    async def _admin(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[Any], Awaitable[None]],
+    ) -> None:
+        """The admin app, its request body read under the proxy's limits first (size, budget, pace)."""
+        read = await self.proxy.read_body(scope, receive, Responder(send, scope))
+        if read is None:
+            return
+        body, held = read
+        delivered = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the server's `http.disconnect`
+
+        try:
+            await self.admin(scope, replay, send)  # type: ignore[arg-type]
+        finally:
+            self.proxy.request_bytes.give_back(held)
 
 
 def create_app(

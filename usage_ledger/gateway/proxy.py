@@ -77,21 +77,29 @@ class Proxy:
         except GatewayError as exc:
             await client.json(exc.status, exc.body(), close=True)  # its body is not read
             return
-        try:
-            body, held = await read_body(scope["headers"], receive, self.limits, self.request_bytes, self.metrics)
-        except ClientGone:
+        read = await self.read_body(scope, receive, client)
+        if read is None:
             return
+        body, held = read
+        try:
+            await self._call(scope, receive, client, Call(self, scope, headers, body, received, ledger_tags))
+        finally:
+            self.request_bytes.give_back(held)
+
+    async def read_body(self, scope: Scope, receive: Receive, client: Responder) -> tuple[bytes, int] | None:
+        """The whole request body within the limits (`gateway.body`) and the budget bytes it holds;
+        None once the refusal is answered (or the client left): nothing goes upstream."""
+        try:
+            return await read_body(scope["headers"], receive, self.limits, self.request_bytes, self.metrics)
+        except ClientGone:
+            return None
         except GatewayError as exc:
             if isinstance(exc, RequestTimeout):
                 self.metrics.requests_timed_out += 1
                 self.metrics.bodies_too_slow += 1
                 log.info("request_body_timed_out", client=scope.get("client"), reason=exc.message)
             await client.json(exc.status, exc.body(), close=True)
-            return
-        try:
-            await self._call(scope, receive, client, Call(self, scope, headers, body, received, ledger_tags))
-        finally:
-            self.request_bytes.give_back(held)
+            return None
 
     async def _call(self, scope: Scope, receive: Receive, client: Responder, call: Call) -> None:
         task = asyncio.current_task()
