@@ -164,7 +164,9 @@ async def test_trickling_bodies_under_an_fd_limit_lock_calls_out_for_less_than_3
         gw.stop()
     assert all(call.status == 200 and call.complete for call in after), [c.status for c in after]
     assert set(during) <= {200, 503}, during
-    assert set(outcomes) <= {"408", "503"}, outcomes  # cut for its pace, or refused at the cap
+    # cut for its pace (408), or refused at the cap: a 503, or only the close once more than
+    # `LINGERING_MAX` refused connections linger at once (their answer may be lost to the reset)
+    assert set(outcomes) <= {"408", "503", "closed", "reset"}, outcomes
     assert too_slow == outcomes["408"] > 0
     ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
     assert len(ledger.started) == during.count(200) + len(after)  # the tricklers made no calls
