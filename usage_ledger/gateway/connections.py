@@ -68,6 +68,20 @@ class ConnectionGuard:
         return False
 
 
+class _LingeringClose:
+    """The transport as one response's cycle sees it: its `close` lingers (`_close_lingering`)."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GuardedHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol._close_lingering()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback; httptools re-raises it as the context of its callback error."""
 
@@ -136,7 +150,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # -- parser callbacks ----------------------------------------------------------------------
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self._abort}}
+        self.scope["extensions"] = {ABORT_EXTENSION: {"abort": self._abort, "linger": self._linger_after_response}}
         self.head_bytes = 0
         if not self.in_head:
             self.in_head = True
@@ -213,9 +227,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.guard.waiting.pop(self, None)
         body = error_body(reason, kind="invalid_request_error", code=_CODES[status])
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
+        self.transport.write(head % (status, _PHRASES[status], len(body)) + body)
+        self._close_lingering()
+
+    def _linger_after_response(self) -> None:
+        """The app answers before reading the whole body: once its response is written, close lingering."""
+        if self.cycle is not None:
+            self.cycle.transport = _LingeringClose(self.transport, self)  # type: ignore[assignment]
+
+    def _close_lingering(self) -> None:
+        """End our side, read (and drop) what the client still sends for up to `REFUSED_LINGER_S`, then close:
+        a plain close would reset the connection over its unread bytes, and the client could lose the answer."""
+        self.answered = True
         transport = self.transport
-        transport.write(head % (status, _PHRASES[status], len(body)) + body)
         guard = self.guard
+        if transport.is_closing():
+            return
         if guard.lingering >= LINGERING_MAX or not transport.can_write_eof():
             transport.close()
             return

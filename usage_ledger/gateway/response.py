@@ -33,12 +33,13 @@ def json_headers(body: bytes, extra: list[Header]) -> list[Header]:
 class Responder:
     """`start`, any number of `send`, then `end`, or `abort`; `json` for a whole error answer."""
 
-    __slots__ = ("_abort", "_send", "ended", "started")
+    __slots__ = ("_abort", "_linger", "_send", "ended", "started")
 
     def __init__(self, send: AsgiSend, scope: MutableMapping[str, Any]) -> None:
         self._send = send
         extension = scope.get("extensions", {}).get(ABORT_EXTENSION)
         self._abort: Callable[[], None] | None = extension["abort"] if extension else None
+        self._linger: Callable[[], None] | None = extension["linger"] if extension else None
         self.started = False
         self.ended = False
 
@@ -55,8 +56,10 @@ class Responder:
 
     async def json(self, status: int, body: bytes, extra: list[Header] = [], *, close: bool = False) -> None:  # noqa: B006
         headers = json_headers(body, extra)
-        if close:
+        if close:  # the request's body is not read: close after the answer, lingering so the client reads it
             headers.append((b"connection", b"close"))
+            if self._linger is not None:
+                self._linger()
         await self.start(status, headers)
         await self.end(body)
 
