@@ -2,8 +2,8 @@
 
 Why in-process and over a socket, rather than a subprocess or a second recording path:
 - Same code as `ledger serve`: `gateway.serve.gateway_app` (the `EventWriter` with its spool, the
-  upstream client `RawUpstream`, the `ServerSampler`, `create_app` with the proxy, usage injection
-  and recorder) served by `gateway.serve.listening` (`HttpServer`, the socket server). A replayed call is recorded exactly like a live one, with the same events, timings, usage
+  upstream client `Upstream`, the `ServerSampler`, `create_app` with the proxy, usage injection
+  and recorder) served by `gateway.serve.listening` (`GatewayServer`: uvicorn). A replayed call is recorded exactly like a live one, with the same events, timings, usage
   source and failure reasons, so the comparison compares like with like; nothing re-implements them.
 - Over a real loopback socket, not ASGI: the gateway's timings include what a client costs it,
   as in production, and a cancelled request is a real client disconnect, which the gateway records

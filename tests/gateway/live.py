@@ -1,5 +1,5 @@
-"""The gateway as `ledger serve` runs it, in the test's loop: `gateway.server` on a loopback port in
-front of an upstream ASGI app that uvicorn serves on another (real sockets both sides, one path).
+"""The gateway as `ledger serve` runs it, in the test's loop: `gateway.server` (uvicorn) on a loopback
+port in front of an upstream ASGI app that uvicorn serves on another (real sockets both sides, one path).
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import msgspec
 import uvicorn
 
 from usage_ledger.gateway.app import GatewayApp, create_app
-from usage_ledger.gateway.limits import ServerLimits
-from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.serve import bind_socket
-from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 
-__all__ = ("LiveGateway", "live_gateway", "serving")
+__all__ = ("EchoGateway", "EchoUpstream", "LiveGateway", "echo_gateway", "live_gateway", "serving")
 
 
 @contextlib.asynccontextmanager
@@ -44,6 +44,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
 class LiveGateway(msgspec.Struct, frozen=True):
     app: GatewayApp
+    server: GatewayServer
     url: str
     """The gateway's base URL (`http://127.0.0.1:PORT`)."""
     settings: GatewaySettings
@@ -54,18 +55,81 @@ class LiveGateway(msgspec.Struct, frozen=True):
 async def live_gateway(
     settings: GatewaySettings, *, database: Database, writer: EventWriter, upstream: str, **create: Any
 ) -> AsyncIterator[LiveGateway]:
-    """`create_app` behind `HttpServer` on 127.0.0.1, forwarding to `upstream` (a URL) with `RawUpstream`.
+    """`create_app` behind `GatewayServer` on 127.0.0.1, forwarding to `upstream` (a URL) with `Upstream`.
 
     `settings.upstream` is replaced by `upstream`; `create` goes to `create_app` (api_routers, fingerprint_key…).
     """
     settings = msgspec.structs.replace(settings, upstream=upstream)
-    client = RawUpstream(settings)
+    client = Upstream(settings)
     app = create_app(settings, database=database, writer=writer, upstream=client, **create)
     sock = bind_socket("127.0.0.1", 0)
-    server = HttpServer(app.handle, limits=ServerLimits.from_settings(settings), metrics=app.metrics)
+    server = GatewayServer(app, settings, app.metrics, grace_s=5)
     await server.start(sock)
     try:
-        yield LiveGateway(app, f"http://127.0.0.1:{sock.getsockname()[1]}", settings)
+        yield LiveGateway(app, server, f"http://127.0.0.1:{sock.getsockname()[1]}", settings)
     finally:
-        await server.shutdown(grace_s=5)
+        await server.shutdown()
         await client.aclose()
+        sock.close()
+
+
+class EchoUpstream:
+    """An upstream ASGI app answering each request with what it received, as JSON.
+
+    `/stream…` answers "one " then "two" without a length; `/slow…` waits until the gateway leaves
+    (`left` is set when it does). `handled` holds every request body that reached it.
+    """
+
+    def __init__(self) -> None:
+        self.handled: list[bytes] = []
+        self.left = asyncio.Event()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        self.handled.append(body)
+        path = scope["path"]
+        if path.startswith("/slow"):
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.left.set()
+            return
+        if path.startswith("/stream"):
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": b"one ", "more_body": True})
+            await send({"type": "http.response.body", "body": b"two"})
+            return
+        answer = msgspec.json.encode(
+            {
+                "method": scope["method"],
+                "path": path,
+                "query": scope["query_string"].decode(),
+                "body": body.decode("latin-1"),
+                "headers": {name.decode(): value.decode("latin-1") for name, value in scope["headers"]},
+            }
+        )
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(answer))]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+@contextlib.asynccontextmanager
+async def echo_gateway(settings: GatewaySettings, database: Database, spool: Any) -> AsyncIterator[EchoGateway]:
+    """The real gateway in front of an `EchoUpstream`; yields it with its port."""
+    upstream = EchoUpstream()
+    async with (
+        serving(upstream) as upstream_url,
+        EventWriter(database, Spool(spool)) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+    ):
+        yield EchoGateway(gateway, upstream, int(gateway.url.rsplit(":", 1)[1]))
+
+
+class EchoGateway(msgspec.Struct, frozen=True):
+    live: LiveGateway
+    upstream: EchoUpstream
+    port: int

@@ -25,7 +25,7 @@ class Process:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 20.0) -> Process:
+    def start(self, timeout_s: float = 90.0) -> Process:  # a loaded 2-core box imports for tens of seconds
         self.log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout_s

@@ -19,8 +19,8 @@ from tests.gateway.live import live_gateway
 from tests.gateway.scripted import Request, Server
 from tests.gateway.upstream import completion_body
 from usage_ledger.gateway.errors import UpstreamUnreachable
-from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFinished
@@ -71,16 +71,16 @@ async def _answer(request: Request, writer: object) -> bool:
     return True
 
 
-async def _post(upstream: RawUpstream) -> tuple[int, bytes]:
+async def _post(upstream: Upstream) -> tuple[int, bytes]:
     response = await upstream.send("POST", "/v1/chat/completions", [(b"content-type", b"application/json")], b"{}")
-    body = b"".join([chunk async for chunk in response.iter_raw()])
+    body = b"".join([chunk async for chunk in response.chunks()])
     return response.status, body
 
 
 async def test_verified_against_the_ca_file(tmp_path: Path) -> None:
     cert, key = _certificate(tmp_path, name="localhost")
     async with Server(_answer, tls=_server_tls(cert, key)) as server:
-        upstream = RawUpstream(GatewaySettings(upstream=server.url, upstream_ca_file=str(cert)))
+        upstream = Upstream(GatewaySettings(upstream=server.url, upstream_ca_file=str(cert)))
         try:
             assert await _post(upstream) == (200, BODY)
             assert await _post(upstream) == (200, BODY)  # kept alive: one TLS connection for both
@@ -95,7 +95,7 @@ async def test_an_untrusted_or_misnamed_certificate_is_refused(tmp_path: Path, n
     async with Server(_answer, tls=_server_tls(cert, key)) as server:
         # localhost: not in the system's trust store; elsewhere.example: trusted, but not this host's name
         ca_file = None if name == "localhost" else str(cert)
-        upstream = RawUpstream(GatewaySettings(upstream=server.url, upstream_ca_file=ca_file))
+        upstream = Upstream(GatewaySettings(upstream=server.url, upstream_ca_file=ca_file))
         try:
             with pytest.raises(UpstreamUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
                 await _post(upstream)
@@ -106,7 +106,7 @@ async def test_an_untrusted_or_misnamed_certificate_is_refused(tmp_path: Path, n
 
 async def test_an_unreadable_ca_file_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="LEDGER_UPSTREAM_CA_FILE"):
-        RawUpstream(GatewaySettings(upstream="https://127.0.0.1:1", upstream_ca_file=str(tmp_path / "missing.pem")))
+        Upstream(GatewaySettings(upstream="https://127.0.0.1:1", upstream_ca_file=str(tmp_path / "missing.pem")))
 
 
 async def test_the_gateway_records_a_call_to_an_https_upstream(database: Database, tmp_path: Path) -> None:

@@ -97,3 +97,31 @@ async def stalled_body(port: int, declared: int, sent: int, *, piece: int = 1024
             left -= piece
             await writer.drain()
     return reader, writer
+
+
+async def trickled_body(port: int, interval_s: float, give_up_s: float, declared: int = 1000) -> str:
+    """Declare `declared` body bytes and send one every `interval_s` until the gateway answers (or `give_up_s`)."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return "refused"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + give_up_s
+    try:
+        with contextlib.suppress(ConnectionError):
+            writer.write(HEAD_START + b"content-length: %d\r\n\r\n" % declared)
+        for _ in range(declared):
+            if loop.time() > deadline:
+                return "open"
+            try:
+                data = await asyncio.wait_for(reader.read(65536), interval_s)
+            except TimeoutError:
+                with contextlib.suppress(ConnectionError):
+                    writer.write(b"x")
+                continue
+            except ConnectionError:
+                return "reset"
+            return status_of(data)
+        return "sent whole"
+    finally:
+        writer.close()

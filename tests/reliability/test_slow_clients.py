@@ -2,7 +2,8 @@
 
 Issue #18: 1,124 partial-head connections exhausted the gateway's file descriptors (`prlimit
 --nofile=1024`) and a normal call was dropped; 300 trickling connections stayed open forever.
-Now a head has `LEDGER_HEAD_TIMEOUT_S`, a body may pause `LEDGER_BODY_TIMEOUT_S`, and at
+Now a head has `LEDGER_HEAD_TIMEOUT_S`, a body may pause `LEDGER_BODY_TIMEOUT_S` and must keep
+`LEDGER_MIN_BODY_RATE` after its first 10 s (issue #38: a byte every 40 s kept a slot forever), and at
 `LEDGER_MAX_CONNECTIONS` the longest-waiting connection without a request under way makes room
 (408) — or, if every connection is busy, the new one gets a 503 and is closed.
 """
@@ -26,12 +27,14 @@ from tests.reliability.slow_clients import (
     answer_in_full,
     partial_head,
     stalled_body,
+    trickled_body,
     trickled_head,
 )
 
 FD_LIMIT = 1024
 PARTIAL_HEADS = 1100
 TRICKLERS = 300
+TRICKLING_BODIES = 450
 
 
 def _gateway(
@@ -128,3 +131,42 @@ async def test_at_the_connection_cap_with_every_connection_busy_a_new_one_gets_5
         gw.stop()
     ledger = await read_ledger(backend_url)
     assert list(ledger.started) == [call.call_id]  # neither the stalled bodies nor the refused one made calls
+
+
+@pytest.mark.slow
+async def test_trickling_bodies_under_an_fd_limit_lock_calls_out_for_less_than_30_s(
+    emulator: Process, tmp_path: Path
+) -> None:
+    """Issue #38, as the attack ran: 450 connections declare a body and send a byte of it every 5 s,
+    at 512 descriptors, with the default limits. Calls during the attack may get 503 (every slot busy),
+    but the minimum body rate cuts the tricklers: 30 s after they began, every call gets its 200."""
+    allow_open_files(TRICKLING_BODIES + 200)
+    gw = _gateway(tmp_path, emulator.url, {}, fd_limit=512)  # type: ignore[attr-defined]
+    await asyncio.to_thread(gw.start)
+    port = gw.port  # type: ignore[attr-defined]
+    try:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        tricklers = asyncio.gather(*(trickled_body(port, 5.0, give_up_s=90) for _ in range(TRICKLING_BODIES)))
+        during: list[int] = []
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+            while loop.time() - began < 30:  # calls during the attack: any answer, never a hang
+                call = await raw_call(http, gw.url, chat_body("during", max_tokens=2, stream=False))  # type: ignore[attr-defined]
+                during.append(call.status)
+                await asyncio.sleep(1)
+            after = [
+                await raw_call(http, gw.url, chat_body(f"after {i}", max_tokens=2, stream=i % 2 == 0))  # type: ignore[attr-defined]
+                for i in range(10)
+            ]
+        outcomes = Counter(await tricklers)
+        too_slow = await _metric(gw.url, "ledger_gateway_request_bodies_too_slow_total")  # type: ignore[attr-defined]
+    finally:
+        gw.stop()
+    assert all(call.status == 200 and call.complete for call in after), [c.status for c in after]
+    assert set(during) <= {200, 503}, during
+    # cut for its pace (408), or refused at the cap: a 503, or only the close once more than
+    # `LINGERING_MAX` refused connections linger at once (their answer may be lost to the reset)
+    assert set(outcomes) <= {"408", "503", "closed", "reset"}, outcomes
+    assert too_slow == outcomes["408"] > 0
+    ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
+    assert len(ledger.started) == during.count(200) + len(after)  # the tricklers made no calls

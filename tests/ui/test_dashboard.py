@@ -8,8 +8,8 @@ from litestar.testing import AsyncTestClient
 
 from tests.ui.seed import DENSE_CALLS, MOE_CALLS, REQUEST_BODY, RESPONSE_BODY, seed_ledger
 from usage_ledger.gateway.app import create_app
-from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.api import build_api_routers
@@ -147,7 +147,7 @@ async def test_without_a_token_the_bodies_stay_hidden(seeded: Database) -> None:
 async def test_ledger_serve_mounts_the_dashboard_beside_the_admin_api(seeded: Database, tmp_path: object) -> None:
     settings = GatewaySettings(admin_token=TOKEN)
     writer = EventWriter(seeded, None)
-    upstream = RawUpstream(settings)
+    upstream = Upstream(settings)
     try:
         app = create_app(
             settings,

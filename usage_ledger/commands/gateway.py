@@ -41,6 +41,14 @@ def register(
     )
     parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
     parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
+    parser.add_argument(
+        "--min-body-rate",
+        dest="min_body_rate",
+        type=int,
+        metavar="BYTES_PER_S",
+        help="a request body slower than this after its first 10 s is cut with 408 (default 500; 0: no minimum; "
+        "else LEDGER_MIN_BODY_RATE)",
+    )
     if background:
         parser.add_argument(
             "--no-projections",
@@ -60,7 +68,7 @@ def _serve(
     api: RoutersFactory | None,
     ui: RoutersFactory | None,
 ) -> int:
-    names = ("upstream", "host", "port", "durability", "database_url", "spool_dir")
+    names = ("upstream", "host", "port", "durability", "database_url", "spool_dir", "min_body_rate")
     try:
         settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
     except LedgerError as exc:

@@ -1,7 +1,6 @@
 """The gateway: a byte-transparent, recording reverse proxy in front of an OpenAI-compatible server.
 
-Imports `ledger` only. Entry points: `serve` (what `ledger serve` runs), `create_app` (the gateway
-behind `gateway.server`) and `commands.register`.
+Imports `ledger` only. Entry points: `serve` (what `ledger serve` runs), `create_app` (the gateway's ASGI app) and `commands.register`.
 """
 
 from __future__ import annotations
@@ -16,9 +15,9 @@ from usage_ledger.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from usage_ledger.gateway.rawclient import RawResponse, RawUpstream
 from usage_ledger.gateway.serve import Background, serve
 from usage_ledger.gateway.sse import SseEvent, SseScanner
+from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
 
 __all__ = (
     "Background",
@@ -26,12 +25,12 @@ __all__ = (
     "GatewayApp",
     "GatewayError",
     "InvalidLedgerHeader",
-    "RawResponse",
-    "RawUpstream",
     "SseEvent",
     "SseScanner",
+    "Upstream",
     "UpstreamError",
     "UpstreamReset",
+    "UpstreamResponse",
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "create_app",

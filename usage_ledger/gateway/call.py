@@ -14,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import MutableMapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
-from usage_ledger.gateway.client import AbortResponse, json_headers
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, UpstreamError
-from usage_ledger.gateway.exchange import Exchange
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
 from usage_ledger.gateway.inspect import (
     USAGE_REQUEST_PATHS,
@@ -32,16 +32,31 @@ from usage_ledger.gateway.inspect import (
     with_usage_requested,
 )
 from usage_ledger.gateway.kept import KeptBody, usage_from_tail
+from usage_ledger.gateway.limits import ByteBudget
+from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.observed import Observed
-from usage_ledger.gateway.rawclient import RawResponse
-from usage_ledger.gateway.recorder import NotRecorded, new_call_id
+from usage_ledger.gateway.recorder import NotRecorded, Recorder, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
+from usage_ledger.gateway.response import AbortResponse, Responder
 from usage_ledger.gateway.secrets import recorded_query
+from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
 from usage_ledger.ledger.writer import Durable
 
-if TYPE_CHECKING:
-    from usage_ledger.gateway.proxy import Proxy
+
+class Proxy(Protocol):
+    """What a call uses of the proxy that runs it (`gateway.proxy.Proxy`; named here, not imported: no circle)."""
+
+    settings: GatewaySettings
+    fingerprint_key: FingerprintKey
+    upstream: Upstream
+    recorder: Recorder
+    metrics: Metrics
+    stored_bytes: ByteBudget
+    upstream_url: str
+    upstream_forces_usage: bool | None
+
 
 __all__ = ("Call",)
 
@@ -60,9 +75,7 @@ class Call:
     def __init__(
         self,
         proxy: Proxy,
-        method: str,
-        path: str,
-        query: str,
+        scope: MutableMapping[str, Any],
         headers: list[Header],
         body: bytes,
         received: float,
@@ -71,12 +84,13 @@ class Call:
         self.proxy = proxy
         self.metrics = proxy.metrics
         self.recorder = proxy.recorder
+        self.method = method = scope["method"]
+        raw_path: bytes | None = scope.get("raw_path")
+        self.path = path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
+        self.query = scope["query_string"].decode("latin-1")
         self.recorded = is_inference(method, path)
         self.call_id = new_call_id()
         self.id_header = (CALL_ID_HEADER, self.call_id.encode())
-        self.method = method
-        self.path = path
-        self.query = query
         self.target = self.path + ("?" + self.query if self.query else "")
         self.headers = headers
         self.body = body
@@ -272,14 +286,15 @@ class Call:
             self.client_gone = True
             self.task.cancel()
 
-    async def run(self, client: Exchange) -> None:
+    async def run(self, client: Responder) -> None:
         task = self.task = asyncio.current_task()
         assert task is not None
-        response: RawResponse | None = None
+        response: UpstreamResponse | None = None
         try:
             try:
+                self.started()  # submitted before the request goes out: it commits while the upstream works
                 response = await self.proxy.upstream.send(
-                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
+                    self.method, self.target, forward_headers(self.headers), self.upstream_body
                 )
             except UpstreamError as exc:
                 phase = "connect" if exc.code == "upstream_unreachable" else "headers"
@@ -292,9 +307,10 @@ class Call:
                 return
             await self._relay(response, client)
         except asyncio.CancelledError:
-            if not self.client_gone:
-                raise
-            task.uncancel()
+            # the client went away, or the server stops after its grace period: recorded as the client leaving
+            stopping = not self.client_gone
+            if not stopping:
+                task.uncancel()
             self.started()
             if response is not None:
                 await _close_quietly(response)
@@ -305,6 +321,8 @@ class Call:
                 "the client closed the connection; the upstream request was cancelled",
                 wait=False,
             )
+            if stopping:
+                raise
         finally:
             self.task = None
             self.raw.release()  # recorded (strict: durable) or abandoned: the stored-body budget goes back
@@ -314,16 +332,14 @@ class Call:
     def _extra_headers(self) -> list[Header]:
         return [self.id_header] if self.recorded else []
 
-    async def _fail_before_response(self, client: Exchange, exc: GatewayError, phase: str, reason: str) -> None:
+    async def _fail_before_response(self, client: Responder, exc: GatewayError, phase: str, reason: str) -> None:
         self.started()
         self.status = exc.status
         await self._failed(phase, reason, exc.message, wait=True)
         self.done = True
-        body = exc.body()
-        client.start_now(exc.status, json_headers(body, self._extra_headers()))
-        client.end_now(body)
+        await client.json(exc.status, exc.body(), self._extra_headers())
 
-    async def _relay(self, response: RawResponse, client: Exchange) -> None:
+    async def _relay(self, response: UpstreamResponse, client: Responder) -> None:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
@@ -338,21 +354,15 @@ class Call:
         self.started()
         if self.started_durable is not None:
             await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
-        client.start_now(response.status, out_headers)
+        await client.start(response.status, out_headers)
         try:
-            push, feed = client.push, relay.feed
-
-            def sink(chunk: bytes) -> None:
+            send, feed = client.send, relay.feed
+            # each read goes out at once; a client that stops reading stops the reads (send waits)
+            async for chunk in response.chunks():
                 out = feed(chunk)
                 if out:
                     self.client_bytes += len(out)
-                    push(out)
-
-            client.flow(response.hold)  # a client that stops reading pauses the upstream
-            try:
-                await response.pipe(sink)
-            finally:
-                client.flow(None)
+                    await send(out)
             tail = relay.close()
         except (UpstreamError, UnreadableBody) as exc:
             reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
@@ -373,7 +383,7 @@ class Call:
             raise AbortResponse(f"call not recorded: {exc}") from exc
         self.done = True
         self.client_bytes += len(tail)
-        client.end_now(tail)
+        await client.end(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
     def _read_tail(self) -> None:
@@ -395,6 +405,6 @@ class Call:
         return True
 
 
-async def _close_quietly(response: RawResponse) -> None:
+async def _close_quietly(response: UpstreamResponse) -> None:
     with contextlib.suppress(Exception):  # closing a broken connection may fail; nothing left to save
         await response.aclose()

@@ -1,6 +1,6 @@
 """What slow or large traffic may hold of the gateway: connections, time, and memory for bodies.
 
-    ServerLimits   the server's timeouts and connection cap (`gateway.server`), from the settings;
+    ServerLimits   the server's timeouts, connection cap and body pace (`gateway.connections`, `gateway.body`);
                    the cap, unless set, is derived from the process's file-descriptor limit
     ByteBudget     bytes held across all calls at once: request bodies being received (over it: 503),
                    response bodies kept for their blobs (over it: the blob is not stored, `gateway.kept`)
@@ -22,7 +22,7 @@ MAX_HEAD_BYTES = 64 * 1024
 FD_RESERVE = 64
 """File descriptors kept out of the connection cap besides the upstream pool's: database, spool, logs, listener."""
 LINGERING_MAX = 32
-"""Connections closed after an error answer that may linger at once (`gateway.guard`); outside the cap, so reserved."""
+"""Connections closed after an error answer that may linger at once (`gateway.connections`); outside the cap, so reserved."""
 DEFAULT_MAX_CONNECTIONS = 4096
 """The cap when the file-descriptor limit allows more (one event loop serves this many comfortably)."""
 
@@ -38,13 +38,15 @@ def derived_max_connections(upstream_max_connections: int, fd_limit: int | None 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """The limits `gateway.server.HttpServer` enforces (defaults: `GatewaySettings`' ones)."""
+    """The limits the gateway's server (`gateway.connections`) and body reader (`gateway.body`) enforce (defaults: `GatewaySettings`' ones)."""
 
     max_body_bytes: int
     head_timeout_s: float
     """From the connection's start or a request's first byte to the end of its headers: else 408."""
     body_timeout_s: float
     """Longest wait for the next bytes of a request body: else 408 (the call is not recorded)."""
+    min_body_rate: int
+    """Bytes per second a request body must average once its grace passed (`gateway.body`); 0: no minimum."""
     keepalive_idle_s: float
     """An idle keep-alive connection is closed after this long (longer than client pools keep theirs)."""
     max_connections: int
@@ -59,6 +61,7 @@ class ServerLimits:
             max_body_bytes=settings.max_body_bytes,
             head_timeout_s=settings.head_timeout_s,
             body_timeout_s=settings.body_timeout_s,
+            min_body_rate=settings.min_body_rate,
             keepalive_idle_s=settings.keepalive_idle_s,
             max_connections=cap,
             max_request_bytes_in_flight=settings.max_request_bytes_in_flight,

@@ -66,6 +66,8 @@ class Metrics:
     """Waiting connections closed to make room at the connection cap."""
     requests_timed_out: int = 0
     """Requests whose head or body did not arrive in time (408)."""
+    bodies_too_slow: int = 0
+    """Of those, request bodies cut for pausing or arriving too slowly (`gateway.body`); never calls."""
     requests_refused_busy: int = 0
     """Requests answered 503: the request-body budget was full."""
     response_blobs_omitted: int = 0
@@ -98,6 +100,12 @@ class Metrics:
             ("ledger_gateway_connections_refused_total", "counter", self.connections_refused, "503 at the cap."),
             ("ledger_gateway_connections_shed_total", "counter", self.connections_shed, "Closed for room."),
             ("ledger_gateway_requests_timed_out_total", "counter", self.requests_timed_out, "408: head or body."),
+            (
+                "ledger_gateway_request_bodies_too_slow_total",
+                "counter",
+                self.bodies_too_slow,
+                "408: body paused or slow.",
+            ),
             ("ledger_gateway_requests_refused_busy_total", "counter", self.requests_refused_busy, "503: bodies."),
             ("ledger_gateway_response_blobs_omitted_total", "counter", self.response_blobs_omitted, "Not stored."),
             (

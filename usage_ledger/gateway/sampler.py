@@ -19,8 +19,8 @@ import httpx
 import msgspec
 import structlog
 
-from usage_ledger.gateway.rawclient import tls_context
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import tls_context
 from usage_ledger.gateway.upstream_metrics import MetricsUnreadable, parse_metrics
 from usage_ledger.ledger.events import SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
 from usage_ledger.ledger.writer import Durable, EventWriter

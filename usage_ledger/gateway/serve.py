@@ -1,10 +1,10 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
     serve(settings, storage)  ─ require_head ─ gateway_app: EventWriter(+spool), the shared upstream
-                                client (RawUpstream: http:// and verified https://), ServerSampler, create_app
+                                client (Upstream: aiohttp, verified https://), ServerSampler, create_app
                      └ background tasks (the projections follower and the OTel export, child processes)
-                     └ listening: HttpServer (gateway.server: asyncio protocol, httptools, uvloop) on a
-                       socket with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
+                     └ listening: GatewayServer (gateway.server: uvicorn, httptools, uvloop) on a socket
+                       with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
 
 `ledger replay` records through the same `gateway_app` and `listening`, in its own process.
 
@@ -27,11 +27,10 @@ from litestar import Router
 
 from usage_ledger.gateway.app import GatewayApp, create_app
 from usage_ledger.gateway.fingerprint_key import FingerprintKey, load_fingerprint_key
-from usage_ledger.gateway.limits import ServerLimits
-from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.sampler import ServerSampler
-from usage_ledger.gateway.server import HttpServer
+from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.checkpointer import Checkpointer
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
@@ -129,7 +128,7 @@ async def gateway_app(
     """
     writer = EventWriter(database, Spool(storage.spool_dir), batch_max_events=storage.batch_max_events)
     async with writer:
-        client = RawUpstream(settings)
+        client = Upstream(settings)
         sampler = ServerSampler(settings, writer)  # off when LEDGER_SERVER_SAMPLE_S=0
         sampling = asyncio.create_task(sampler.run(), name="server-sampler")
         try:
@@ -154,14 +153,14 @@ async def gateway_app(
 @contextlib.asynccontextmanager
 async def listening(
     app: GatewayApp, settings: GatewaySettings, sock: socket.socket, *, grace_s: float
-) -> AsyncIterator[HttpServer]:
-    """`app` served on `sock`; on exit, calls in flight get `grace_s` to finish before their connections close."""
-    server = HttpServer(app.handle, limits=ServerLimits.from_settings(settings), metrics=app.metrics)
+) -> AsyncIterator[GatewayServer]:
+    """`app` served on `sock`; on exit, calls in flight get `grace_s` to finish before they are cancelled."""
+    server = GatewayServer(app, settings, app.metrics, grace_s=grace_s)
     await server.start(sock)
     try:
         yield server
     finally:
-        await server.shutdown(grace_s)
+        await server.shutdown()
 
 
 async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -178,7 +177,7 @@ async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
         await _until_signalled(server, settings, sock)
 
 
-async def _until_signalled(server: HttpServer, settings: GatewaySettings, sock: socket.socket) -> None:
+async def _until_signalled(server: GatewayServer, settings: GatewaySettings, sock: socket.socket) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -201,7 +200,7 @@ async def _until_signalled(server: HttpServer, settings: GatewaySettings, sock: 
     )
     try:
         await stop.wait()
-        log.info("gateway_stopping", connections=len(server.connections))
+        log.info("gateway_stopping", connections=server.connections)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

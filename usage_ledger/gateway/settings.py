@@ -31,6 +31,8 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # slow and large traffic (gateway.limits)
     head_timeout_s: _Positive = 30.0
     body_timeout_s: _Positive = 60.0
+    min_body_rate: Annotated[int, msgspec.Meta(ge=0)] = 500
+    """Bytes per second a request body must average after its first 10 s (else 408); 0: no minimum."""
     keepalive_idle_s: _Positive = 75.0
     max_connections: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """Open client connections; unset: derived from the file-descriptor limit."""

@@ -1,4 +1,4 @@
-"""`RawUpstream` against real loopback servers whose every byte the test controls."""
+"""`Upstream` against real loopback servers whose every byte the test controls."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import uvloop
 from tests.gateway.processes import free_port
 from tests.gateway.scripted import Request, Respond, Server
 from usage_ledger.gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
-from usage_ledger.gateway.rawclient import RawUpstream
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream_connection import HIGH_WATER
+from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.errors import ConfigError
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
+HIGH_WATER = 256 * 1024  # the client's read buffer (`read_bufsize`)
 SCENARIOS: list[Scenario] = []
 
 
@@ -33,8 +33,8 @@ def settings(url: str, **overrides: object) -> GatewaySettings:
 
 
 @contextlib.asynccontextmanager
-async def client(url: str, **overrides: object) -> AsyncIterator[RawUpstream]:
-    upstream = RawUpstream(settings(url, **overrides))
+async def client(url: str, **overrides: object) -> AsyncIterator[Upstream]:
+    upstream = Upstream(settings(url, **overrides))
     try:
         yield upstream
     finally:
@@ -51,10 +51,10 @@ def fixed(body: bytes, *extra: bytes) -> Respond:
     return respond
 
 
-async def read_all(upstream: RawUpstream, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
+async def read_all(upstream: Upstream, method: str = "POST", body: bytes = b"{}") -> tuple[int, bytes]:
     response = await upstream.send(method, "/v1/x", [(b"content-type", b"application/json")], body)
     try:
-        return response.status, b"".join([chunk async for chunk in response.iter_raw()])
+        return response.status, b"".join([chunk async for chunk in response.chunks()])
     finally:
         await response.aclose()
 
@@ -71,11 +71,11 @@ async def content_length_body_headers_and_request_shape() -> None:
             (b"x-request-id", b"r1"),
             (b"set-cookie", b"a"),
         ]
-        assert b"".join([c async for c in response.iter_raw()]) == b'{"ok":true}'
+        assert b"".join([c async for c in response.chunks()]) == b'{"ok":true}'
         await response.aclose()
     request = server.requests[0]
     assert request.line == "POST /v1/chat?x=1 HTTP/1.1"
-    assert request.headers == [
+    assert [(name.lower(), value) for name, value in request.headers] == [
         ("host", f"127.0.0.1:{server.port}"),
         ("authorization", "Bearer k"),
         ("content-length", "7"),
@@ -88,7 +88,7 @@ async def base_url_path_prefix_and_get_without_length() -> None:
     async with Server(fixed(b"x")) as server, client(server.url + "/prefix/") as upstream:
         assert await read_all(upstream, "GET", b"") == (200, b"x")
     assert server.requests[0].line == "GET /prefix/v1/x HTTP/1.1"
-    assert [k for k, _ in server.requests[0].headers] == ["host", "content-type"]
+    assert [k.lower() for k, _ in server.requests[0].headers] == ["host", "content-type"]  # nothing of its own
 
 
 @scenario
@@ -148,7 +148,7 @@ async def server_close_mid_body_is_a_reset_after_the_bytes_received() -> None:
         response = await upstream.send("POST", "/", [], b"")
         got = []
         with pytest.raises(UpstreamReset, match="without sending a complete message body"):
-            async for chunk in response.iter_raw():
+            async for chunk in response.chunks():
                 got.append(chunk)
         assert got == [b"partial"]
 
@@ -211,7 +211,7 @@ async def body_idle_timeout_counts_from_the_last_byte() -> None:
         response = await upstream.send("POST", "/", [], b"")
         got = []
         with pytest.raises(UpstreamTimeout, match=r"\(body\)"):
-            async for chunk in response.iter_raw():
+            async for chunk in response.chunks():
                 got.append(chunk)
         assert b"".join(got) == b"xxxx"
 
@@ -225,10 +225,13 @@ async def cancel_mid_body_closes_the_connection() -> None:
         await writer.drain()
         return await request.hang()
 
-    async def consume(upstream: RawUpstream) -> None:
+    async def consume(upstream: Upstream) -> None:
         response = await upstream.send("POST", "/", [], b"")
-        async for _ in response.iter_raw():
-            started.set()
+        try:
+            async for _ in response.chunks():
+                started.set()
+        finally:
+            await response.aclose()  # as a call does whatever ends it
 
     async with Server(respond) as server, client(server.url) as upstream:
         task = asyncio.create_task(consume(upstream))
@@ -284,13 +287,13 @@ async def unread_body_complete_on_the_wire_keeps_the_connection() -> None:
 
 @scenario
 async def slow_consumer_pauses_reading_and_gets_every_byte() -> None:
-    body = bytes(range(256)) * (4 * HIGH_WATER // 256)
+    body = bytes(range(256)) * (16 * HIGH_WATER // 256)
     async with Server(fixed(body)) as server, client(server.url) as upstream:
         response = await upstream.send("POST", "/", [], b"")
         got = []
-        async for chunk in response.iter_raw():
+        async for chunk in response.chunks():
             got.append(chunk)
-            assert len(chunk) <= HIGH_WATER + 256 * 1024  # never the whole body buffered at once
+            assert len(chunk) <= 4 * HIGH_WATER  # never the whole body buffered at once
             await asyncio.sleep(0.01)
         assert b"".join(got) == body
         assert await read_all(upstream) == (200, body)
@@ -325,4 +328,4 @@ def test_on_uvloop(check: Scenario) -> None:
 
 def test_http_and_https_only() -> None:
     with pytest.raises(ConfigError, match="http:// or https://"):
-        RawUpstream(settings("ftp://example.com"))
+        Upstream(settings("ftp://example.com"))
