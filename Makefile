@@ -1,17 +1,27 @@
 # One target per task. `make demo` and `make test` are the README's two set-up commands;
-# both create the project's own virtual environment on first use.
+# both create the project's own virtual environment on first use: the demo installs the product
+# only, the tests add the development toolchain (.[dev], about 1 GB) to the same environment.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+PRODUCT_STAMP := $(VENV)/.product-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv vllm-venv demo test test-fast lint typecheck bench clean
+.PHONY: venv product-venv vllm-venv demo test test-fast lint typecheck bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+product-venv: $(PRODUCT_STAMP)
+
+$(PRODUCT_STAMP): pyproject.toml
+	@echo "make: installing usage-ledger and its runtime dependencies into $(VENV) (about 250 MB, a minute or two the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(PRODUCT_STAMP)
+
+$(STAMP): $(PRODUCT_STAMP)
+	@echo "make: adding the development toolchain to $(VENV): .[dev] (pytest, ruff, mypy, playwright, scikit-learn, scipy, schemathesis; about 1 GB, several minutes the first time)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -30,7 +40,7 @@ $(VLLM_STAMP): $(VLLM_REQUIREMENTS)
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-demo: venv
+demo: product-venv
 	$(BIN)/ledger demo $(DEMO_ARGS)
 
 lint: venv

@@ -11,8 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.cells import cell_len
 
+from tests.projections.helpers import finished, started
+from usage_ledger.demo import DemoOptions, demo_plan
+from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.projections.reports import runs_report, tickers_report
@@ -21,11 +26,11 @@ from usage_ledger.projections.rows import RunRow, TickerRow
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _reports(db_file: Path) -> tuple[list[RunRow], list[TickerRow], int]:
+def _reports(db_file: Path, formula: str = "batch_aggregate") -> tuple[list[RunRow], list[TickerRow], int]:
     async def read() -> tuple[list[RunRow], list[TickerRow], int]:
         database = open_database(f"sqlite:///{db_file}", null_pool=True)
         try:
-            runs = await runs_report(database)
+            runs = await runs_report(database, formula=formula)
             tickers = await tickers_report(database)
             assert (await verify_chain(database)).ok
             calls = [e async for e in iter_events(database) if e.type.startswith("call.")]
@@ -36,9 +41,50 @@ def _reports(db_file: Path) -> tuple[list[RunRow], list[TickerRow], int]:
     return asyncio.run(read())
 
 
+def _earlier_ledger(db_file: Path) -> None:
+    """A ledger the user already explored: one run of one call, which the demo must keep."""
+
+    async def build() -> None:
+        database = open_database(f"sqlite:///{db_file}", null_pool=True)
+        try:
+            await upgrade_database(database)
+            await append_events(database, [started("e1", 0, run="earlier", model="m"), finished("e1", 0, 10)])
+        finally:
+            await database.dispose()
+
+    asyncio.run(build())
+
+
+# MoE ÷ dense in the seed (DESIGN §7): 911 ÷ 118 aggregate; per call 911/14 ÷ 118/3 (README).
+SEED_AGGREGATE_RATIO = 911 / 118
+SEED_PER_CALL_RATIO = (911 / 14) / (118 / 3)
+
+
+def test_one_clock_speed_and_the_dense_box_gets_its_share_in_whole_rounds() -> None:
+    speed, (moe, dense) = demo_plan(DemoOptions(db_path=Path("x.db")))
+    assert (moe.profile.name, moe.tickers, dense.profile.name, dense.tickers) == ("moe", 100, "dense", 12)
+    assert speed == pytest.approx(2741 / 90)  # the seed's MoE batch (46 min) in 90 s
+    # 12 dense tickers (4 rounds of 3) take as long as the 100 MoE ones: 12 × 22680 ≈ 100 × 2741
+    assert pytest.approx(1, abs=0.01) == 12 * 22680 / (100 * 2741)
+    assert [b.tickers for b in demo_plan(DemoOptions(db_path=Path("x.db"), tickers=14, steps=3))[1]] == [14, 3]
+    assert [b.tickers for b in demo_plan(DemoOptions(db_path=Path("x.db"), tickers=1, steps=1))[1]] == [1, 1]
+
+
 @pytest.mark.slow
-def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
+def test_demo_adds_runs_holding_the_seeds_picture(tmp_path: Path) -> None:
+    """14 tickers × 3 calls on MoE, 3 × 3 on dense (its share), into a ledger that already has a run.
+
+    The ratio's tolerance comes from the emulator's timing model: run closed-loop in pure emulated
+    time (`emulator.simulate`'s scheduler) with this shape, MoE ÷ dense is 7.0-8.3× aggregate and
+    1.71-1.79× per call over output-length draws (the lengths vary ±50 % per call, so a 3-call
+    worker's batch ends 17 % early or late, and a batch ends with its slowest worker); the full
+    100-ticker demo gives 7.68× and 1.70×. The clocks run at ≈3.4× real time here, so the real-time
+    work between a worker's calls (client and gateway: tens of ms, a few hundred on a busy machine)
+    costs MoE's 22 s calls and dense's 40 s ones at most a few per cent; at 7× on a machine with a
+    load of 11 on 2 cores MoE ÷ dense fell to 6.3×.
+    """
     db_file = tmp_path / "demo.db"
+    _earlier_ledger(db_file)
     result = subprocess.run(
         [
             sys.executable,
@@ -46,39 +92,55 @@ def test_demo_scaled_down_reports_what_it_sent(tmp_path: Path) -> None:
             "usage_ledger.cli",
             "demo",
             "--tickers",
-            "4",
+            "14",
             "--steps",
             "3",
             "--seconds",
-            "3",
+            "20",
             "--db-file",
             str(db_file),
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         cwd=tmp_path,
-        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},  # as from a pipe: rich would assume 80
+        env={k: v for k, v in os.environ.items() if k != "COLUMNS"},  # as from a pipe
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "chain intact" in result.stdout
+    assert f"added to the existing {db_file.name} (1 run in it already; nothing is deleted)" in result.stdout
+    lines = result.stdout.splitlines()
+    assert all(cell_len(line) <= 100 for line in lines), [line for line in lines if cell_len(line) > 100]
     runs, tickers, events = _reports(db_file)
-    assert events == 2 * 4 * 3 * 2  # two runs × 12 calls × (started + finished); besides, server.sampled
+    assert events == 2 + 2 * (14 * 3 + 3 * 3)  # the earlier call, then each demo call's started + finished
     by_profile = {row.run.split("-")[0]: row for row in runs}
-    assert set(by_profile) == {"moe", "dense"}
-    for row in by_profile.values():
-        assert (row.calls, row.failed_calls, row.tickers) == (12, 0, 4)
+    assert set(by_profile) == {"earlier", "moe", "dense"}
+    assert by_profile["earlier"].calls == 1  # kept
+    for name, ticker_count in (("moe", 14), ("dense", 3)):
+        row = by_profile[name]
+        assert re.fullmatch(rf"{name}-\d{{8}}-\d{{6}}", row.run)  # to the second: two demos never merge
+        assert (row.calls, row.failed_calls, row.tickers) == (ticker_count * 3, 0, ticker_count)
         assert row.calls_per_ticker.min == row.calls_per_ticker.max == 3
-        assert row.input_tokens > 12 * 10_000  # ≈10.8k-token prompts
-        assert row.output_tokens > 0 and row.throughput_tps is not None and row.throughput_tps > 0
+        assert row.input_tokens > row.calls * 10_000  # ≈10.8k-token prompts
         assert row.server is not None and row.server.reconciled is True, row.server  # the emulator's counters agree
-    assert len(tickers) == 8
+    moe, dense = by_profile["moe"], by_profile["dense"]
+    assert moe.throughput_tps is not None and dense.throughput_tps is not None
+    aggregate = moe.throughput_tps / dense.throughput_tps
+    assert 0.85 * SEED_AGGREGATE_RATIO <= aggregate <= 1.15 * SEED_AGGREGATE_RATIO, aggregate
+    per_call_rows = {row.run: row.throughput_tps for row in _reports(db_file, "per_call_mean")[0]}
+    per_call_moe, per_call_dense = per_call_rows[moe.run], per_call_rows[dense.run]
+    assert per_call_moe is not None and per_call_dense is not None
+    per_call = per_call_moe / per_call_dense
+    assert 0.85 * SEED_PER_CALL_RATIO <= per_call <= 1.15 * SEED_PER_CALL_RATIO, per_call
+    assert per_call < aggregate / 3  # the trap: averaging per call hides most of the difference
+    assert len([t for t in tickers if t.run in (moe.run, dense.run)]) == 14 + 3
     eras = result.stdout[result.stdout.index("Eras by model") :]
-    for run in by_profile.values():  # one era per model, its aggregate throughput as the runs table has it
+    for run in (moe, dense):  # one era per model, its aggregate throughput as the runs table has it
         assert run.model is not None and run.model in eras and f"{run.throughput_tps:,.0f}" in eras
-    for run in by_profile.values():  # the runs table names each run in full, on the line of its throughput
-        assert run.throughput_tps is not None
-        assert any(run.run in line and f"{run.throughput_tps:,.0f}" in line for line in result.stdout.splitlines())
+        # the runs table names each run in full, on the line of its throughput
+        assert any(run.run in line and f"{run.throughput_tps:,.0f}" in line for line in lines)
+    story = next(line for line in lines if line.lstrip().startswith("aggregate t/s"))
+    assert f"{aggregate:.1f}×" in story and "911 ÷ 118 = 7.7×" in story
 
 
 @pytest.mark.slow
@@ -99,6 +161,9 @@ def test_readme_setup_commands_work_in_a_fresh_environment(tmp_path: Path) -> No
     )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert (venv / "bin" / "ledger").exists()
+    assert "installing usage-ledger and its runtime dependencies" in demo.stdout  # said, not silent
+    for tool in ("pytest", "mypy", "ruff", "playwright"):  # the demo needs the product, not the toolchain
+        assert not (venv / "bin" / tool).exists(), tool
     assert "chain intact" in demo.stdout
     runs, _, _ = _reports(db_file)
     assert len(runs) == 2

@@ -7,6 +7,7 @@ gateway gets the projections' follower and read API.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -65,7 +66,14 @@ def _dashboard(database: Database, settings: Settings) -> list[Router]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at interpreter exit
+    except BrokenPipeError:
+        # `ledger … | head`: the reader has what it wanted. Stop quietly, as rich does for its tables:
+        # stdout to /dev/null so the interpreter's final flush cannot fail again, exit 1 (Python's EPIPE code).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return code
 
 

@@ -84,7 +84,8 @@ def test_report_runs_fits_100_columns_with_a_compact_default(
     _assert_fits(lines)
     header = lines[1].split()
     assert header == ["run", "calls", "input", "output", "wall_s", "tok/s", "accept", "reconciled"]
-    assert len(lines) == 3 + 4  # title, header, rule, one line per run: nothing wrapped
+    assert len(lines) == 3 + 4 + 2  # title, header, rule, one line per run (nothing wrapped), the formula's note
+    assert lines[-2].startswith("tok/s = batch_aggregate: ")
     alpha = _row(lines, "alpha")
     assert alpha.split()[:4] == ["alpha", "3", "1,235,567", "2,101"]  # thousands separators
     assert alpha.split()[-2:] == ["0.667", "True"]  # the server block, where sampled
@@ -115,8 +116,8 @@ def test_a_long_run_name_is_shortened_and_columns_that_do_not_fit_are_named(
     name = long_line.split()[0]
     assert name.endswith("…") and len(name) >= 36 and LONG_RUN.startswith(name[:-1])
     assert "tok/s" in lines[1].split()  # throughput survives; what is left out is said
-    assert lines[-1].startswith("1 more column (--wide, --columns): server.reconciled")
-    for line in lines[3:-1]:  # no cell cut to a stub
+    assert lines[-3].startswith("1 more column (--wide, --columns): server.reconciled")  # then the formula's note
+    for line in lines[3:-3]:  # no cell cut to a stub
         assert all(
             len(cell) > 3 or cell.replace(",", "").replace(".", "").isdigit() or cell in ("-", "m1")
             for cell in line.split()
@@ -133,7 +134,7 @@ def test_columns_and_wide(backend_url: str, capsys: pytest.CaptureFixture[str]) 
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--wide")
     assert code == 0
     assert {"model", "started_at", "formula", "h/100", "KV"} <= set(lines[1].split())
-    assert len(lines) == 3 + 4  # past the terminal width, still one line a row
+    assert len(lines) == 3 + 4 + 2  # past the terminal width, still one line a row; the formula's note
     assert cell_len(lines[1].rstrip()) > WIDTH
 
     code, lines, err = _run(capsys, "report", "runs", "--db", db, "--columns", "run,tokens,calls")
@@ -160,18 +161,8 @@ def test_other_reports_fit_too(backend_url: str, capsys: pytest.CaptureFixture[s
         assert code == 0, args
         _assert_fits(lines)
     code, lines, _ = _run(capsys, "report", "eras", "--by", "model", "--db", db)
-    assert lines[1].split() == [
-        "group",
-        "runs",
-        "days",
-        "mean",
-        "tok/s",
-        "median",
-        "tok/s",
-        "mean",
-        "wall_s",
-        "formula",
-    ]
+    assert lines[1].split() == ["group", "runs", "days", "mean", "tok/s", "median", "min", "max", "mean", "wall_s"]
+    assert lines[-2].startswith("tok/s = batch_aggregate: ")  # the formula, named under the table
 
 
 def test_show_call_is_one_field_a_line(backend_url: str, capsys: pytest.CaptureFixture[str]) -> None:

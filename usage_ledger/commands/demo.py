@@ -9,20 +9,35 @@ from pathlib import Path
 
 from rich.console import Console
 
+from usage_ledger.commands.output import DEFAULT_WIDTH
 from usage_ledger.commands.support import run_command
 
 __all__ = ("register",)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    demo = sub.add_parser("demo", help="emulator + gateway + a seed-shaped batch, then the reports")
-    demo.add_argument(
-        "--db-file", default="ledger-demo.db", help="SQLite file to (re)create (default ./ledger-demo.db)"
+    demo = sub.add_parser(
+        "demo", help="emulator + gateway + a seed-shaped batch on two boxes, added to a SQLite ledger, then the reports"
     )
-    demo.add_argument("--tickers", type=int, default=100, help="tickers per run (default 100)")
+    demo.add_argument(
+        "--db-file",
+        default="ledger-demo.db",
+        help="SQLite file the runs are added to; created if missing, never deleted (default ./ledger-demo.db)",
+    )
+    demo.add_argument(
+        "--tickers",
+        type=int,
+        default=100,
+        help="tickers on the MoE box (default 100); the dense box, ≈8× slower per call, runs proportionally fewer",
+    )
     demo.add_argument("--steps", type=int, default=17, help="calls per ticker (default 17)")
     demo.add_argument(
-        "--seconds", type=float, default=45.0, help="replay each box's batch in about this many seconds (default 45)"
+        "--seconds",
+        type=float,
+        default=90.0,
+        help="real time each box's batch takes, about (default 90): both emulators' clocks run at the one speed "
+        "that fits the MoE batch into it, so every rate the ledger records is that speed × the GPU's and the "
+        "boxes' ratios are the GPU's",
     )
     demo.add_argument("--tz", default="Asia/Seoul", help="zone for the daily table (default Asia/Seoul)")
     demo.add_argument("--keep-running", action="store_true", help="leave the last gateway and emulator up")
@@ -44,6 +59,7 @@ def _demo(args: argparse.Namespace) -> int:
         keep_running=args.keep_running,
     )
     os.environ.setdefault("LEDGER_LOG_LEVEL", "warning")
-    # Off a terminal (a pipe, a CI log) rich assumes 80 columns, and the run names were cut to "moe-2…".
-    console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
+    # Off a terminal (a pipe, a CI log) rich assumes 80 columns, and the run names were cut to "moe-2…";
+    # the tables are laid out for 100, what `report` assumes off a terminal too.
+    console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=DEFAULT_WIDTH)
     return run_command(lambda: run_demo(options, console))

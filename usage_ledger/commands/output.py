@@ -28,7 +28,15 @@ from rich.text import Text
 
 from usage_ledger.projections.errors import ProjectionError
 
-__all__ = ("UnknownColumns", "compact_columns", "flatten", "parse_columns", "print_rows")
+__all__ = (
+    "DEFAULT_WIDTH",
+    "UnknownColumns",
+    "compact_columns",
+    "flatten",
+    "parse_columns",
+    "print_rows",
+    "terminal_width",
+)
 
 _encoder = msgspec.json.Encoder()
 
@@ -61,7 +69,16 @@ _COMPACT: dict[str, tuple[str, ...]] = {
         "server.spec_decode_acceptance_rate",
         "server.reconciled",
     ),
-    "EraRow": ("group", "runs", "days", "mean_throughput_tps", "median_throughput_tps", "mean_wall_s", "formula"),
+    "EraRow": (
+        "group",
+        "runs",
+        "days",
+        "mean_throughput_tps",
+        "median_throughput_tps",
+        "min_throughput_tps",
+        "max_throughput_tps",
+        "mean_wall_s",
+    ),
     "CallView": (
         "call_id",
         "ticker",
@@ -76,6 +93,11 @@ _COMPACT: dict[str, tuple[str, ...]] = {
 # columns of the compact set shown only where some row has a value (the server block: where sampled)
 _OPTIONAL: dict[str, frozenset[str]] = {
     "RunRow": frozenset({"server.spec_decode_acceptance_rate", "server.reconciled"}),
+}
+
+# Means of counts (`report daily --weekday-mean`) are whole numbers in tables; JSON and CSV keep the exact mean.
+_WHOLE: dict[str, frozenset[str]] = {
+    "WeekdayRow": frozenset({"calls", "failed_calls", "input_tokens", "output_tokens"}),
 }
 
 
@@ -134,9 +156,9 @@ _SHORT = {
     "server.requests_running_max": "running max",
     "server.reconciled": "reconciled",
     "mean_throughput_tps": "mean tok/s",
-    "median_throughput_tps": "median tok/s",
-    "min_throughput_tps": "min tok/s",
-    "max_throughput_tps": "max tok/s",
+    "median_throughput_tps": "median",
+    "min_throughput_tps": "min",
+    "max_throughput_tps": "max",
     "mean_wall_s": "mean wall_s",
 }
 
@@ -162,7 +184,8 @@ def _numeric(values: Sequence[Any]) -> bool:
     return all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
 
 
-def _terminal_width() -> int:
+def terminal_width() -> int:
+    """COLUMNS, else the terminal's width, else (a pipe, a file) DEFAULT_WIDTH."""
     env = os.environ.get("COLUMNS", "")
     if env.isdigit() and int(env) > 0:
         return int(env)
@@ -278,7 +301,7 @@ def print_rows(
                 ["" if v is None else v.isoformat() if isinstance(v, datetime) else v for v in row.values()]
             )
         return
-    width = width or _terminal_width()
+    width = width or terminal_width()
     if not flat:
         _console(width).print(f"{title}: no rows" if title else "no rows", style="dim", markup=False)
         return
@@ -286,7 +309,8 @@ def print_rows(
     if record:
         _print_record(flat[0], names, title, zone, width)
         return
-    cells = {n: [_cell(r[n], zone) for r in flat] for n in names}
+    whole = _WHOLE.get(type(rows[0]).__name__, frozenset())
+    cells = {n: [_cell(round(r[n]) if n in whole and r[n] is not None else r[n], zone) for r in flat] for n in names}
     numeric = {n: _numeric([r[n] for r in flat]) for n in names}
     widths = {n: max(len(_SHORT.get(n, n)), *(cell_len(c) for c in cells[n])) for n in names}
     hidden: list[str] = []

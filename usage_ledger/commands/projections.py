@@ -152,7 +152,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     call = what.add_parser("call", help="a call's row, events and request/response bodies")
     add_db_option(call)
     call.add_argument("call_id", metavar="ID")
-    call.add_argument("--no-bodies", action="store_true")
+    call.add_argument("--no-bodies", action="store_true", help="leave out the request and response bodies")
+    call.add_argument(
+        "--full", action="store_true", help="bodies in full (else each line clipped to the terminal, 40 lines a body)"
+    )
     call.add_argument("--tz", help="IANA time zone for times (else LEDGER_TZ)")
     _column_options(call)
     _fmt(call, "text", "json")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from datetime import datetime
-from typing import Any
 from zoneinfo import ZoneInfo
 
 import msgspec
 
-from usage_ledger.commands.output import print_rows
+from usage_ledger.commands.bodies import body_lines
+from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.progress import advance, progress, stage
 from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
@@ -28,9 +29,10 @@ from usage_ledger.projections.engine import (
     projection_named,
     projection_status,
 )
-from usage_ledger.projections.eras import eras_report
+from usage_ledger.projections.eras import EraRow, eras_report
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.export import export_calls, show_call, show_run
+from usage_ledger.projections.formulas import FORMULAS, get_formula
 from usage_ledger.projections.importer import import_file
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
 from usage_ledger.projections.reports import (
@@ -41,6 +43,7 @@ from usage_ledger.projections.reports import (
     tickers_report,
     weekday_mean,
 )
+from usage_ledger.projections.rows import RunRow
 from usage_ledger.settings import Settings
 
 __all__ = (
@@ -157,11 +160,32 @@ def report_command(args: argparse.Namespace) -> int:
             title = f"{args.kind} ({settings.reports.tz})" if args.kind == "daily" else args.kind
             title = f"eras by {args.by}" if args.kind == "eras" else title
             print_rows(rows, args.output_format, title=title, zone=zone, **table)
+            if args.output_format == "table" and args.kind in ("runs", "eras") and rows:
+                _print_table_notes(args, rows)
         finally:
             await database.dispose()
         return 0
 
     return run_command(main)
+
+
+def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> None:
+    """Under a runs or eras table: what its tok/s is, and how to label the runs an eras table could not group."""
+    first = rows[0]
+    if not isinstance(first, RunRow | EraRow):
+        return
+    definition = (get_formula(first.formula).__doc__ or "").strip().splitlines()[0]
+    others = " or ".join(sorted(set(FORMULAS) - {first.formula}))
+    notes = [f"tok/s = {first.formula}: {definition} (--formula {others} for another)"]
+    unlabelled = sum(row.runs for row in rows if isinstance(row, EraRow) and row.group is None)
+    if unlabelled:
+        flag = f"--{args.by} VALUE" if args.by in ("hardware", "model", "kind") else f"--label {args.by}=VALUE"
+        notes.append(
+            f"-: {unlabelled} run{'s' if unlabelled > 1 else ''} without a {args.by} label; "
+            f"label a run with `ledger annotate --run R {flag}`"
+        )
+    for note in notes:
+        print(textwrap.fill(note, terminal_width(), subsequent_indent="    "))
 
 
 def rebuild_command(args: argparse.Namespace) -> int:
@@ -306,21 +330,13 @@ def retag_command(args: argparse.Namespace) -> int:
     return run_command(main)
 
 
-async def _export(database: Database, **kwargs: Any) -> int:
-    try:
-        return await export_calls(database, **kwargs)
-    except BrokenPipeError:  # `ledger export | head`: the reader has what it wanted
-        sys.stderr.close()
-        return -1
-
-
 def export_command(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = _settings(args)
         selected = filters_from_args(args, parse_zone(settings.reports.tz))
         database = await open_checked(settings)
         try:
-            count = await _export(
+            count = await export_calls(
                 database,
                 fmt=args.output_format,
                 run=args.run,
@@ -357,7 +373,8 @@ def show_call_command(args: argparse.Namespace) -> int:
         for label, body in (("request", detail.request), ("response", detail.response)):
             if body is not None:
                 print(f"--- {label} body ({body.blob}) ---")
-                print(body.text if body.text is not None else f"[{body.error}]")
+                lines = body_lines(body.text, width=terminal_width(), full=args.full) if body.text is not None else []
+                print("\n".join(lines) if body.text is not None else f"[{body.error}]")
         return 0
 
     return run_command(main)

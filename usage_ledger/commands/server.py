@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 
 import msgspec
 
-from usage_ledger.commands.output import print_rows
+from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.audit import audit_run
@@ -69,7 +70,8 @@ def reconcile_command(args: argparse.Namespace) -> int:
             await database.dispose()
         rows = [_row(r) for r in runs]
         shown = rows if args.run is not None or args.all else [r for r in rows if r.reconciled is False]
-        print_rows(shown, args.output_format, title="runs that do not reconcile" if not args.all else "reconcile")
+        only_failing = args.run is None and not args.all
+        print_rows(shown, args.output_format, title="runs that do not reconcile" if only_failing else "reconcile")
         unchecked = sum(r.reconciled is None for r in rows)
         if args.output_format == "table" and unchecked and args.run is None:
             print(f"{unchecked} of {len(rows)} runs could not be checked (--all lists them)", file=sys.stderr)
@@ -91,9 +93,10 @@ def audit_command(args: argparse.Namespace) -> int:
             await database.dispose()
         if args.output_format == "json":
             sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
-        elif report.findings:
-            title = f"audit of {report.run}" + (f" against {report.against}" if report.against else "")
-            print_rows(report.findings, "table", title=title)
+        elif report.findings:  # one finding a paragraph: a table cell would cut the values that differ
+            print(f"audit of {report.run}" + (f" against {report.against}" if report.against else ""))
+            for finding in report.findings:
+                print(textwrap.fill(f"{finding.kind}: {finding.detail}", terminal_width(), subsequent_indent="    "))
         else:
             print(f"{report.run}: nothing to report")
         return 1 if report.findings else 0

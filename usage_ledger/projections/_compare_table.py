@@ -1,13 +1,14 @@
 """`ledger compare`'s table: metrics as rows, one column per run (A, B, …), then each run ÷ A.
 
 Fits 100 columns for three runs; what does not fit a cell (differences, findings, config) is
-listed under the table.
+listed under the table, wrapped to its width.
 """
 
 from __future__ import annotations
 
 import io
 import string
+import textwrap
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -124,6 +125,6 @@ def comparison_table(comparison: Comparison, metric_values: Callable[[RunCompari
     out = io.StringIO()
     console = Console(file=out, width=width, no_color=True, highlight=False)
     console.print(table)
-    for line in _notes(comparison, letters):
-        console.print(line, soft_wrap=True, markup=False)
+    for line in _notes(comparison, letters):  # wrapped to the table's width, continuations indented
+        console.print(textwrap.fill(line, width, subsequent_indent="    ", break_on_hyphens=False), markup=False)
     return out.getvalue()

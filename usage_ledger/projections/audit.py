@@ -60,6 +60,11 @@ def _shown(value: object) -> str:
     return "(not sent)" if value is None else msgspec.json.encode(value).decode()
 
 
+def _listed(values: list[str]) -> str:
+    """The values a run sent, as its findings show them (`"qwen3", "qwen3-moe"`), not a Python list."""
+    return ", ".join(values) or "(none)"
+
+
 async def _call_events(conn: AsyncConnection, call_ids: Sequence[str]) -> list[CallStarted | CallFinished]:
     """The calls' `call.started` and `call.finished` events."""
     found: list[CallStarted | CallFinished] = []
@@ -139,7 +144,8 @@ def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) ->
         a = sorted(mine.values.get(name, Counter()))
         b = sorted(other.values.get(name, Counter()))
         if a != b:
-            found.append(Finding(kind="differs_from_other_run", detail=f"{name}: {run} {a} vs {other_run} {b}"))
+            detail = f"{name}: {run} {_listed(a)} vs {other_run} {_listed(b)}"
+            found.append(Finding(kind="differs_from_other_run", detail=detail))
     if mine.config is not None and other.config is not None:
         for key in sorted({*mine.config, *other.config}):
             if mine.config.get(key) != other.config.get(key):
@@ -153,8 +159,9 @@ def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) ->
         unsampled = run if mine.config is None else other_run
         found.append(Finding(kind="differs_from_other_run", detail=f"server config: {unsampled} was not sampled"))
     if mine.fingerprints and other.fingerprints and set(mine.fingerprints) != set(other.fingerprints):
-        a, b = sorted(mine.fingerprints), sorted(other.fingerprints)
-        found.append(Finding(kind="differs_from_other_run", detail=f"system_fingerprint: {run} {a} vs {other_run} {b}"))
+        mine_text, other_text = _listed(sorted(mine.fingerprints)), _listed(sorted(other.fingerprints))
+        detail = f"system_fingerprint: {run} {mine_text} vs {other_run} {other_text}"
+        found.append(Finding(kind="differs_from_other_run", detail=detail))
     return found
 
 
