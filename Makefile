@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 PRODUCT_STAMP := $(VENV)/.product-stamp
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv product-venv vllm-venv demo test test-fast lint typecheck bench clean
+.PHONY: venv product-venv vllm-venv demo test test-fast lint typecheck bench constraints clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,17 @@ test-fast: venv
 
 bench: venv
 	$(BIN)/python bench/append.py
+
+# The Docker image's pins: what a fresh venv of this Python resolves for `.[otel,parquet]` today.
+CONSTRAINTS_VENV := .venv-constraints
+constraints:
+	rm -rf $(CONSTRAINTS_VENV)
+	$(PYTHON) -m venv $(CONSTRAINTS_VENV)
+	$(CONSTRAINTS_VENV)/bin/python -m pip install --quiet '.[otel,parquet]'
+	{ echo "# The image's pins (Dockerfile: pip --constraint). Made by \`make constraints\`: pip freeze of a fresh"; \
+	  echo "# venv with usage-ledger[otel,parquet] on Python $$($(PYTHON) -c 'import sys; print(sys.version.split()[0])')."; \
+	  $(CONSTRAINTS_VENV)/bin/python -m pip freeze --exclude usage-ledger; } > docker/constraints.txt
+	rm -rf $(CONSTRAINTS_VENV)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

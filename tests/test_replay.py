@@ -7,11 +7,16 @@ gateway `ledger replay` starts. Bodies are compared from the blob store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import signal
+import socket
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -25,6 +30,7 @@ from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallStarted, decode_event
 from usage_ledger.ledger.schema import events
+from usage_ledger.processes import free_port
 from usage_ledger.projections.callviews import iter_calls
 from usage_ledger.projections.compare import compare_runs
 from usage_ledger.projections.reports import runs_report
@@ -301,3 +307,126 @@ def test_max_in_flight_from_starts_and_ends() -> None:
     assert max_in_flight([]) == 1
     assert max_in_flight([(at(0), at(2)), (at(1), at(3)), (at(2), at(4))]) == 2  # an end at a start: no overlap
     assert max_in_flight([(at(0), at(5)), (at(1), at(2)), (at(1.5), None)]) == 3
+
+
+# Upstreams a replay must not run against, on loopback ports.
+
+_MODELS = b'{"object": "list", "data": [{"id": "emulator-moe", "object": "model"}]}'
+_ANSWER = (
+    b'{"id": "c", "object": "chat.completion", "model": "emulator-moe", "choices": [{"index": 0, "message": '
+    b'{"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], '
+    b'"usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}'
+)
+_ERROR = b'{"error": {"message": "overloaded", "type": "ServiceUnavailable", "param": null, "code": 503}}'
+
+
+@contextlib.contextmanager
+def _upstream(*, models: int, post: str) -> Iterator[str]:
+    """An HTTP server: GET /v1/models answers `models` (200: a model list); a POST is answered
+    "alternately" 200 and 503, or "never" (held open until the test ends)."""
+    release = threading.Event()
+    answers = itertools.cycle((200, 503))
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status: int, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._send(models, _MODELS if models == 200 else b'{"detail": "Not Found"}')
+            else:
+                self._send(404, b"{}")
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if post == "never":
+                release.wait()
+                return
+            with lock:
+                status = next(answers)
+            self._send(status, _ANSWER if status == 200 else _ERROR)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def _silent_port() -> Iterator[str]:
+    """A port that completes TCP handshakes (the kernel's backlog) and never answers a byte."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+async def _event_count(database: Database) -> int:
+    async with database.engine.connect() as conn:
+        return len((await conn.execute(select(events.c.position))).all())
+
+
+def _last_line(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout.strip().splitlines()[-1]
+
+
+async def test_an_upstream_that_cannot_serve_exits_2_having_recorded_nothing(
+    recorded: Database, backend_url: str, tmp_path: Path
+) -> None:
+    before = await _event_count(recorded)
+    dead = _replay(backend_url, tmp_path, RUN, "--upstream", f"http://127.0.0.1:{free_port()}")
+    assert dead.returncode == 2, dead.stdout + dead.stderr
+    assert "cannot reach it" in dead.stderr and "nothing was sent or recorded" in dead.stderr
+    with _upstream(models=404, post="alternately") as wrong:
+        refused = _replay(backend_url, tmp_path, RUN, "--upstream", wrong)
+    assert refused.returncode == 2 and "GET /v1/models answered 404" in refused.stderr
+    with _silent_port() as silent:  # never answers: the check is bounded by the deadline
+        hung = _replay(backend_url, tmp_path, RUN, "--upstream", silent, "--deadline-s", "2")
+    assert hung.returncode == 2 and "no answer to GET /v1/models within" in hung.stderr
+    assert await _event_count(recorded) == before
+    assert [r.run for r in await runs_report(recorded)] == [RUN]
+
+
+async def test_the_deadline_stops_a_replay_whose_calls_never_answer(
+    recorded: Database, backend_url: str, tmp_path: Path
+) -> None:
+    with _upstream(models=200, post="never") as stuck:
+        result = _replay(backend_url, tmp_path, RUN, "--upstream", stuck, "--concurrency", "2", "--deadline-s", "3")
+    assert result.returncode == 1, result.stdout + result.stderr
+    last = _last_line(result)
+    assert last.startswith("deadline of 3 s reached: replayed 2 requests") and f"{CALLS - 2} not sent" in last
+    assert last.endswith(f"2 of 2 calls failed (ledger export --run {RUN}-replay-1 --status error,failed)")
+    replay = await _calls(recorded, f"{RUN}-replay-1")
+    assert [(c.status, c.failure_reason) for c in replay] == [("failed", "client_disconnected")] * 2
+
+
+async def test_a_silent_call_fails_after_the_call_timeout(recorded: Database, backend_url: str, tmp_path: Path) -> None:
+    with _upstream(models=200, post="never") as stuck:
+        args = ["--upstream", stuck, "--limit", "2", "--concurrency", "2", "--call-timeout-s", "1"]
+        result = _replay(backend_url, tmp_path, RUN, *args)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "0 answered 2xx, 2 with an error status; 2 of 2 calls failed" in _last_line(result)
+    replay = await _calls(recorded, f"{RUN}-replay-1")
+    assert [(c.status, c.failure_reason) for c in replay] == [("failed", "upstream_timeout")] * 2
+
+
+async def test_failed_calls_exit_1_and_are_counted_last(recorded: Database, backend_url: str, tmp_path: Path) -> None:
+    with _upstream(models=200, post="alternately") as flaky:  # 200, 503, 200, 503
+        result = _replay(backend_url, tmp_path, RUN, "--upstream", flaky, "--limit", "4", "--concurrency", "1")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "2 answered 2xx, 2 with an error status; 2 of 4 calls failed" in _last_line(result)
+    assert [c.status for c in await _calls(recorded, f"{RUN}-replay-1")] == ["ok", "error", "ok", "error"]

@@ -1,6 +1,7 @@
 """`ledger replay RUN --upstream URL`: a recorded run's requests sent again to another server, as a new run.
 
     plan_replay (replay_plan)   the run's requests in start order; calls without a body are skipped
+    check_upstream              GET /v1/models answers with a model list, or exit 2 having sent nothing
     recording_gateway           the real gateway, in-process, in front of --upstream (replay_gateway)
     _drive                      httpx → that gateway, at most `concurrency` at once, dispatched in the
                                 original start order, tagged X-Ledger-Run NEW + the original tags
@@ -11,7 +12,9 @@ Requests are sent as fast as `concurrency` allows, not at the original's moments
 `vllm bench serve --max-concurrency`, on the real workload. The default concurrency is the most
 calls RUN had in flight. Ctrl-C stops dispatching and cancels the calls in flight (the gateway
 records them as client disconnects); whatever finished is committed before the comparison prints;
-a second Ctrl-C stops without waiting.
+a second Ctrl-C stops without waiting. The deadline (`deadline_s`, from the start) stops the same way.
+A call whose upstream sends no byte for `call_timeout_s` fails as `upstream_timeout` (the replay's
+gateway's idle timeout, LEDGER_UPSTREAM_READ_TIMEOUT_S by default).
 
 It lives in the composition root, not in `gateway/` (DESIGN §9's first proposal): it reads the
 calls projection (a run's calls, their tags after `call.retagged`) and prints a projections
@@ -37,11 +40,16 @@ from usage_ledger.projections.callviews import calls_page
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay
+from usage_ledger.replay_upstream import check_upstream
 from usage_ledger.settings import Settings
 
-__all__ = ("ReplayOptions", "ReplayResult", "describe", "replay_run")
+__all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "describe", "replay_run")
 
 REPLAY_LABEL = "replay_of"
+DEFAULT_DEADLINE_S = 24 * 3600.0
+"""A bound on the whole replay: the seed's dense run took 6 h 18 min (DESIGN §7); a day is ample."""
+CHECK_TIMEOUT_S = 30.0
+"""The most `GET /v1/models` may take (less when the deadline or the call timeout is shorter)."""
 
 
 class ReplayOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +61,10 @@ class ReplayOptions(msgspec.Struct, frozen=True, kw_only=True):
     new_run: str | None = None
     """None: `RUN-replay-<n>`, the first n not taken."""
     limit: int | None = None
+    deadline_s: float = DEFAULT_DEADLINE_S
+    """The most the replay may take, from its start; then it stops as on Ctrl-C."""
+    call_timeout_s: float | None = None
+    """Seconds without a byte from the upstream that fail a call (None: LEDGER_UPSTREAM_READ_TIMEOUT_S)."""
 
 
 class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +84,8 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     not_sent: int
     """Left when the replay was stopped."""
     interrupted: bool
+    """Stopped by Ctrl-C (`stop`)."""
+    deadline_reached: bool = False
 
 
 def _tag_headers(run: str, tags: dict[str, str]) -> list[tuple[str, str]]:
@@ -113,7 +127,9 @@ async def replay_run(
     console: Console,
     stop: asyncio.Event | None = None,
 ) -> ReplayResult:
-    """Replay `options.run` into a new run of `database`; `stop` ends it early (Ctrl-C)."""
+    """Replay `options.run` into a new run of `database`; `stop` ends it early (Ctrl-C), as does the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline_at = loop.time() + options.deadline_s
     plan = await plan_replay(
         database, options.run, limit=options.limit, model=options.model, run_gap_s=settings.reports.run_gap_s
     )
@@ -121,10 +137,16 @@ async def replay_run(
         raise ConfigError(f"run {options.run!r}: nothing to replay, {_skips(plan.skipped, plan.calls)}")
     new_run = await _new_run_name(database, options, settings.reports.run_gap_s)
     concurrency = options.concurrency or plan.max_in_flight
+    call_timeout_s = options.call_timeout_s or settings.gateway.upstream_read_timeout_s
+    check_timeout_s = max(0.1, min(CHECK_TIMEOUT_S, call_timeout_s, deadline_at - loop.time()))
+    await check_upstream(options.upstream, timeout_s=check_timeout_s)
     stop = stop or asyncio.Event()
-    gateway_settings = msgspec.structs.replace(settings.gateway, upstream=options.upstream)
+    halt = _Halt(stop, deadline_at)
+    gateway_settings = msgspec.structs.replace(
+        settings.gateway, upstream=options.upstream, upstream_read_timeout_s=call_timeout_s
+    )
     async with recording_gateway(gateway_settings, settings.storage, database) as gateway:
-        tally = await _drive(database, gateway, plan, new_run, concurrency, options.model, stop, console)
+        tally = await _drive(database, gateway, plan, new_run, concurrency, options.model, halt, console)
     if tally.sent:
         note = RunAnnotated(labels={REPLAY_LABEL: options.run}, run=new_run)
         await append_events(database, [new_event(note, stream=f"run-{new_run}")])
@@ -143,7 +165,29 @@ async def replay_run(
         not_answered=tally.sent - tally.ok - tally.error,
         not_sent=len(plan.requests) - tally.sent - sum(tally.skipped_late.values()),
         interrupted=stop.is_set(),
+        deadline_reached=halt.deadline_reached,
     )
+
+
+class _Halt:
+    """Ctrl-C (`stop`) or the deadline, whichever comes first."""
+
+    def __init__(self, stop: asyncio.Event, deadline_at: float) -> None:
+        self.stop = stop
+        self.deadline_at = deadline_at
+        self.deadline_reached = False
+
+    def is_set(self) -> bool:
+        if not self.stop.is_set() and asyncio.get_running_loop().time() >= self.deadline_at:
+            self.deadline_reached = True
+        return self.stop.is_set() or self.deadline_reached
+
+    async def wait(self) -> None:
+        remaining = self.deadline_at - asyncio.get_running_loop().time()
+        try:
+            await asyncio.wait_for(self.stop.wait(), max(0.0, remaining))
+        except TimeoutError:
+            self.deadline_reached = True
 
 
 class _Tally:
@@ -161,10 +205,10 @@ async def _drive(
     new_run: str,
     concurrency: int,
     model: str | None,
-    stop: asyncio.Event,
+    stop: _Halt,
     console: Console,
 ) -> _Tally:
-    """Dispatch in start order, `concurrency` at once, until done or `stop` is set."""
+    """Dispatch in start order, `concurrency` at once, until done or `stop` (Ctrl-C or the deadline)."""
     tally = _Tally()
     slots = asyncio.Semaphore(concurrency)
     running: set[asyncio.Task[None]] = set()
@@ -255,9 +299,11 @@ def _skips(skipped: dict[str, int], calls: int) -> str:
     return f"{sum(skipped.values())} of its {calls} calls skipped ({reasons})"
 
 
-def describe(result: ReplayResult, upstream: str) -> str:
-    """The summary line printed after a replay."""
+def describe(result: ReplayResult, upstream: str, *, failed: int = 0, deadline_s: float | None = None) -> str:
+    """The summary line printed last; `failed`: the new run's failed calls, as the ledger counts them."""
     head = "stopped: " if result.interrupted else ""
+    if result.deadline_reached:
+        head = f"deadline of {deadline_s:g} s reached: " if deadline_s is not None else "deadline reached: "
     text = (
         f"{head}replayed {result.sent} requests of run {result.run} to {upstream} as run {result.new_run} "
         f"({result.concurrency} at once); {_skips(result.skipped, result.calls)}; "
@@ -267,4 +313,6 @@ def describe(result: ReplayResult, upstream: str) -> str:
         text += f", {result.not_answered} without an answer"
     if result.not_sent:
         text += f", {result.not_sent} not sent"
+    if failed:
+        text += f"; {failed} of {result.sent} calls failed (ledger export --run {result.new_run} --status error,failed)"
     return text

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.ui.seed import seed_ledger
-from usage_ledger.ledger.db import open_database
+from tests.ui.seed import seed_ledger, seed_wide_ledger
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.migrate import upgrade_database
 
 TOKEN = "s3cret-admin-token"
@@ -51,14 +51,14 @@ def run_async(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
         pool.submit(lambda: asyncio.run(work())).result()
 
 
-def seeded_ledger(path: Path) -> str:
+def seeded_ledger(path: Path, seed: Callable[[Database], Coroutine[Any, Any, None]] = seed_ledger) -> str:
     url = f"sqlite:///{path}"
 
     async def build() -> None:
         database = open_database(url, null_pool=True)
         try:
             await upgrade_database(database)
-            await seed_ledger(database)
+            await seed(database)
         finally:
             await database.dispose()
 
@@ -109,6 +109,16 @@ def ledger_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def open_ui(ledger_url: str) -> Iterator[UiServer]:
     process, server = start_ui(ledger_url)
+    try:
+        yield server
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def wide_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
+    """`ledger ui` over seed_wide_ledger: numbers wide enough to find a clipped axis."""
+    process, server = start_ui(seeded_ledger(tmp_path_factory.mktemp("ui-wide") / "ledger.db", seed_wide_ledger))
     try:
         yield server
     finally:

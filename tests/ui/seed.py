@@ -90,3 +90,23 @@ async def seed_ledger(database: Database) -> None:
     async with database.engine.begin() as conn:
         assert await redact_blob(conn, secret.hash)
     await catch_up_all(database)
+
+
+WIDE_RUNS = ("wide-a", "wide-b")
+"""Two runs of a few calls with huge token counts (seed_wide_ledger)."""
+
+
+async def seed_wide_ledger(database: Database) -> None:
+    """Numbers as wide as a real ledger's: ~1.5 M output tok/s, billions of input tokens a day, TTFT
+    ~250 ms beside a TPOT of ~0.002 ms. The charts' axes must show every digit of them."""
+    events = []
+    for r, run in enumerate(WIDE_RUNS):
+        for i in range(4):
+            t0 = r * 86_400 + i
+            call = f"{run}-{i}"
+            events.append(started(call, t0, run=run, ticker=f"T{i}", model=f"big-{run}"))
+            done = finished(call, t0, t0 + 10, prompt=900_000_000, completion=5_000_000 - r, ttft=0.2 + 0.1 * r)
+            events.append(done)
+        events.append(new_event(RunAnnotated(run=run, labels={"hardware": f"gpu-{r}"}), stream=f"run-{run}"))
+    await append(database, *events)
+    await catch_up_all(database)

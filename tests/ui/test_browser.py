@@ -12,7 +12,7 @@ import pytest
 
 from tests.projections.helpers import append
 from tests.ui.conftest import TOKEN, UiServer, run_async, seeded_ledger, start_ui, stop
-from tests.ui.seed import DENSE_CALLS, MOE_CALLS, REQUEST_BODY
+from tests.ui.seed import DENSE_CALLS, MOE_CALLS, REQUEST_BODY, WIDE_RUNS
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, Timings, Usage, new_event
 
@@ -113,6 +113,8 @@ def test_the_charts_draw_the_seeded_points(context: Any, open_ui: UiServer) -> N
     assert tab.points("daily") == 2 and tab.points("weekday") == 3  # Mon, Wed, Mon-Fri in Seoul
     page = tab.open(PAGES["compare"])
     assert tab.points("compare-throughput") == 2  # both formulas, a bar per run at each
+    assert tab.points("compare-ttft") == 3 and tab.points("compare-tpot") == 3  # p50, p90, p99
+    assert tab.points("compare-itl") == 0  # the seed streamed no token times
     assert [s["label"] for s in page.evaluate("window.ledgerCharts['compare-throughput'].series")][1:] == [
         "moe-a",
         "dense-b",
@@ -252,3 +254,63 @@ def test_a_run_in_progress_updates_while_it_runs(context: Any, tmp_path: Path) -
         assert tab.errors == []
     finally:
         stop(process)
+
+
+# Each axis against the labels it drew. A y axis (uPlot sides 1 and 3) narrower than its tick, gap and
+# widest label is cut by the canvas ("40,000" shows as ",000"); labels that repeat ("0 0 0" for ticks
+# 0.0005 apart) say nothing.
+_CLIPPED_AXES = """() => {
+  const measure = document.createElement("canvas").getContext("2d");
+  const clipped = [];
+  for (const [name, u] of Object.entries(window.ledgerCharts)) {
+    u.axes.forEach((axis, i) => {
+      const labels = (axis._values || []).filter((v) => v !== null && v !== undefined).map(String);
+      if (axis.show === false || labels.length === 0) return;
+      if (new Set(labels).size < labels.length) clipped.push(`${name} axis ${i} repeats a label: ${labels.join(" ")}`);
+      if (axis.side % 2 === 0) return;
+      measure.font = axis.font[0];
+      const widest = Math.max(...labels.map((v) => measure.measureText(v).width)) / devicePixelRatio;
+      const needed = (axis.ticks.show === false ? 0 : axis.ticks.size) + axis.gap + widest;
+      if (axis._size < needed) clipped.push(`${name} axis ${i}: ${axis._size} px for ${labels.join(" ")} (needs ${needed.toFixed(1)})`);
+    });
+  }
+  return clipped;
+}"""
+
+# Every positive bar or point of a chart at least 2 px above its zero: a value drawn on another's scale
+# (TPOT's 0.002 ms beside TTFT's 250 ms) is not there for the eye.
+_FLAT_VALUES = """(name) => {
+  const u = window.ledgerCharts[name];
+  const flat = [];
+  u.series.forEach((s, i) => {
+    if (i === 0) return;
+    u.data[i].forEach((v, j) => {
+      if (v > 0 && u.valToPos(0, s.scale) - u.valToPos(v, s.scale) < 2) flat.push(`${s.label}[${j}] = ${v}`);
+    });
+  });
+  return flat;
+}"""
+
+WIDE_PAGES = {
+    "wide-runs": "/_ledger/ui/",
+    "wide-run": f"/_ledger/ui/run?run={WIDE_RUNS[0]}",
+    "wide-eras": "/_ledger/ui/eras?by=hardware",
+    "wide-daily": "/_ledger/ui/daily?tz=UTC",
+    "wide-compare": f"/_ledger/ui/compare?run={WIDE_RUNS[0]}&run={WIDE_RUNS[1]}",
+}
+
+
+def test_no_chart_cuts_its_axis_labels(context: Any, wide_ui: UiServer, screenshot_dirs: list[Path]) -> None:
+    tab = Tab(context, wide_ui.base)
+    drawn, clipped = 0, []
+    for name, path in WIDE_PAGES.items():
+        page = tab.open(path)
+        _shoot(page, name, screenshot_dirs)
+        clipped += [f"{path}: {problem}" for problem in page.evaluate(_CLIPPED_AXES)]
+        drawn += len(page.evaluate("Object.keys(window.ledgerCharts)"))
+    assert clipped == []
+    assert drawn == 13  # runs 1, run 5 (no server samples), eras 1, daily 2, compare 4: none went unchecked
+    for chart in ("compare-throughput", "compare-ttft", "compare-tpot"):
+        assert tab.points(chart) > 0
+        assert page.evaluate(_FLAT_VALUES, chart) == [], chart
+    assert tab.errors == []

@@ -1,8 +1,10 @@
 """`ledger replay RUN --upstream URL`: the command around `usage_ledger.replay.replay_run`.
 
 It owns what a terminal needs: the settings (the replay's own spool beside a running `ledger
-serve`'s), quiet logs under the progress bar, Ctrl-C (the first stops cleanly, a second at once)
-and the comparison printed at the end.
+serve`'s), quiet logs under the progress bar, Ctrl-C (the first stops cleanly, a second at once),
+the comparison, and the summary line printed last. Exit codes: 0 every call answered 2xx; 1 some
+failed (said in the last line) or the deadline stopped it; 2 bad usage, or an upstream that does not
+answer GET /v1/models (nothing sent or recorded); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.compare import compare_runs, render_comparison
 from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.replay import ReplayOptions, describe, replay_run
+from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, describe, replay_run
 from usage_ledger.settings import load_settings
 
 __all__ = ("register",)
 
+CALLS_FAILED = 1
 INTERRUPTED = 130
 
 
-async def _print_comparison(database: Database, runs: list[str], run_gap_s: float, console: Console) -> None:
-    """RUN and NEW_RUN side by side (`ledger compare`)."""
+async def _print_comparison(database: Database, run: str, new_run: str, run_gap_s: float, console: Console) -> int:
+    """RUN and NEW_RUN side by side (`ledger compare`); NEW_RUN's failed calls, as the reports count them."""
     await catch_up_all(database)
-    comparison = await compare_runs(database, runs, run_gap_s=run_gap_s)
+    comparison = await compare_runs(database, [run, new_run], run_gap_s=run_gap_s)
     console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
+    return next(r.failed_calls for r in comparison.runs if r.run == new_run)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,6 +54,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--as", dest="new_run", metavar="NEW_RUN", help="name of the new run (default RUN-replay-<n>)")
     p.add_argument("--limit", type=int, metavar="K", help="replay only the first K requests")
     p.add_argument(
+        "--deadline-s",
+        dest="deadline_s",
+        type=float,
+        default=DEFAULT_DEADLINE_S,
+        metavar="S",
+        help=f"stop (as Ctrl-C does) after S seconds, exit 1 (default {DEFAULT_DEADLINE_S:g}: a day)",
+    )
+    p.add_argument(
+        "--call-timeout-s",
+        dest="call_timeout_s",
+        type=float,
+        metavar="S",
+        help="a call whose upstream sends nothing for S seconds fails (default LEDGER_UPSTREAM_READ_TIMEOUT_S, 600)",
+    )
+    p.add_argument(
         "--spool-dir",
         dest="spool_dir",
         metavar="DIR",
@@ -63,6 +82,9 @@ def _replay_command(args: argparse.Namespace) -> int:
     if (args.concurrency is not None and args.concurrency < 1) or (args.limit is not None and args.limit < 1):
         print("ledger replay: --concurrency and --limit must be ≥ 1", file=sys.stderr)
         return 2
+    if not args.deadline_s > 0 or (args.call_timeout_s is not None and not args.call_timeout_s > 0):
+        print("ledger replay: --deadline-s and --call-timeout-s must be > 0 seconds", file=sys.stderr)
+        return 2
     if not args.upstream.startswith(("http://", "https://")):
         print(f"ledger replay: --upstream {args.upstream!r}: give an http:// or https:// URL", file=sys.stderr)
         return 2
@@ -73,6 +95,8 @@ def _replay_command(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         new_run=args.new_run,
         limit=args.limit,
+        deadline_s=args.deadline_s,
+        call_timeout_s=args.call_timeout_s,
     )
 
     async def main() -> int:
@@ -90,12 +114,17 @@ def _replay_command(args: argparse.Namespace) -> int:
         try:
             with _interrupts() as stop:
                 result = await replay_run(database, settings, options, console=Console(stderr=True), stop=stop)
-            console.print(describe(result, options.upstream), markup=False, highlight=False)
+            failed = 0
             if result.sent:  # a stop before the first request leaves no run to compare
-                await _print_comparison(database, [result.run, result.new_run], settings.reports.run_gap_s, console)
+                run_gap_s = settings.reports.run_gap_s
+                failed = await _print_comparison(database, result.run, result.new_run, run_gap_s, console)
+            summary = describe(result, options.upstream, failed=failed, deadline_s=options.deadline_s)
+            console.print(summary, markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length
         finally:
             await database.dispose()
-        return INTERRUPTED if result.interrupted else 0
+        if result.interrupted:
+            return INTERRUPTED
+        return CALLS_FAILED if failed or result.deadline_reached else 0
 
     return run_command(main)
 

@@ -7,6 +7,15 @@
   const tz = main.dataset.tz || "UTC";
   const colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"];
   const fmt = new Intl.NumberFormat("en-US", { maximumFractionDigits: 1 });
+  const stepFormats = [];
+
+  // tick labels with the decimals the step between ticks needs (0.0005 apart: four), thousands separated
+  function tickValues(u, splits, axisIndex, space, step) {
+    let digits = 0;
+    while (digits < 12 && Math.abs(Math.round(step * 10 ** digits) - step * 10 ** digits) > 1e-6) digits++;
+    stepFormats[digits] ??= new Intl.NumberFormat("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    return splits.map((v) => (v === null || v === undefined ? v : stepFormats[digits].format(v)));
+  }
 
   function countPoints(data) {
     let n = 0;
@@ -18,13 +27,29 @@
     return n;
   }
 
+  // A y axis as wide as its widest label (uPlot's fixed 50 px cut "40,000" to ",000" and pushed the
+  // rotated axis title into the numbers). uPlot asks again while sizes change; after two rounds, keep.
+  // Never narrower than uPlot's 50 px: the time axis centres its first date under the y axis.
+  const MIN_AXIS_PX = 50;
+  const measure = document.createElement("canvas").getContext("2d");
+  function fitAxis(u, values, axisIndex, cycle) {
+    const axis = u.axes[axisIndex];
+    if (cycle > 1) return axis._size;
+    if (!values) return MIN_AXIS_PX;
+    measure.font = axis.font[0];
+    const widest = values.reduce((w, v) => Math.max(w, v == null ? 0 : measure.measureText(String(v)).width), 0) / uPlot.pxRatio;
+    return Math.max(MIN_AXIS_PX, Math.ceil((axis.ticks.show === false ? 0 : axis.ticks.size) + axis.gap + widest) + 2);
+  }
+
   function draw(name, opts, data) {
     const el = document.querySelector('[data-chart="' + name + '"]');
     if (!el) return null;
     if (charts[name]) charts[name].destroy();
     el.textContent = "";
     const base = { width: Math.max(320, el.clientWidth || 640), height: 260, tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), tz) };
-    const plot = new uPlot(Object.assign(base, opts), data, el);
+    // every axis but the first (x) is a y axis here: sized to its labels, unless a chart says otherwise
+    const axes = (opts.axes || [{}, {}]).map((a, i) => (i === 0 ? a : Object.assign({ size: fitAxis, values: tickValues }, a)));
+    const plot = new uPlot(Object.assign(base, opts, { axes: axes }), data, el);
     charts[name] = plot;
     el.dataset.points = String(countPoints(data));
     return plot;
@@ -44,7 +69,7 @@
           splits: () => labels.map((_, i) => i).filter((i) => i % step === 0),
           values: (u, splits) => splits.map((i) => String(labels[i] ?? "")),
         },
-        { values: (u, v) => v.map((x) => fmt.format(x)) },
+        { values: tickValues },
       ],
     };
   }
@@ -53,7 +78,7 @@
     const mids = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
     draw(name, {
       scales: { x: { time: false } },
-      axes: [{ label: h.unit }, {}],
+      axes: [{ label: h.unit, values: tickValues }, {}],
       series: [{ label: h.unit }, { label: "calls", fill: colours[0] + "88", stroke: colours[0], paths: bars(0, 0.9) }],
     }, [mids, h.counts]);
   }
@@ -151,8 +176,8 @@
       const el = document.querySelector('[data-chart="daily"]');
       const view = await getJson(el.dataset.src);
       const tokenAxes = (first) => [first,
-        { scale: "in", label: "input tokens", values: (u, v) => v.map((n) => fmt.format(n)) },
-        { scale: "out", side: 1, label: "output tokens", grid: { show: false }, values: (u, v) => v.map((n) => fmt.format(n)) }];
+        { scale: "in", label: "input tokens", values: tickValues },
+        { scale: "out", side: 1, label: "output tokens", grid: { show: false }, values: tickValues }];
       const tokenSeries = () => [{}, { label: "input tokens", scale: "in", fill: colours[0] + "99", stroke: colours[0], paths: bars(-1, 0.35) },
         { label: "output tokens", scale: "out", fill: colours[1] + "99", stroke: colours[1], paths: bars(1, 0.35) }];
       const fromZero = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
@@ -180,19 +205,18 @@
           label: r.run, fill: colours[i % colours.length] + "99", stroke: colours[i % colours.length],
           paths: groupedBars(i, runs.length, names.length),
         })));
-        const opts = categories(names.map((n) => n.replace("_ms.", " ").replace("ttft", "TTFT").replace("tpot", "TPOT").replace("itl", "ITL")));
+        const opts = categories(names);
         opts.scales.y = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
         return [Object.assign(opts, { series: series }), [names.map((_, i) => i)].concat(runs.map((r) => names.map((n) => value(r, n))))];
       };
       const formulas = Object.keys(runs[0].throughput_tps);
       const [topts, tdata] = perRun(formulas, (r, f) => r.throughput_tps[f]);
       draw("compare-throughput", topts, tdata);
-      const latencies = ["ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99", "tpot_ms.p50", "tpot_ms.p90", "tpot_ms.p99", "itl_ms.p50", "itl_ms.p99"];
-      const [lopts, ldata] = perRun(latencies, (r, key) => {
-        const [name, part] = key.split(".");
-        return r[name] ? r[name][part] : null;
-      });
-      draw("compare-latency", lopts, ldata);
+      // a chart per latency, each on its own scale: TPOT and ITL are often < 1 ms where TTFT is ~200 ms
+      for (const metric of ["ttft", "tpot", "itl"]) {
+        const [lopts, ldata] = perRun(["p50", "p90", "p99"], (r, part) => (r[metric + "_ms"] ? r[metric + "_ms"][part] : null));
+        draw("compare-" + metric, lopts, ldata);
+      }
     },
   };
 
