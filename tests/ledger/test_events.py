@@ -5,13 +5,24 @@ from __future__ import annotations
 import hashlib
 import struct
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
-from usage_ledger.ledger.events import CallImported, CallRetagged, RunAnnotated, decode_event, encode_event, event_type
+from usage_ledger.ledger.events import (
+    CallImported,
+    CallRetagged,
+    LabelsRecorded,
+    RecordedLabel,
+    RecordedReturn,
+    ReturnsRecorded,
+    RunAnnotated,
+    decode_event,
+    encode_event,
+    event_type,
+)
 
 texts = st.text(max_size=20)
 moments = st.datetimes(min_value=datetime(2000, 1, 1), max_value=datetime(2100, 1, 1), timezones=st.just(UTC))
@@ -62,3 +73,18 @@ def test_chain_hash_matches_the_documented_layout() -> None:
         + b"{}"
     ).hexdigest()
     assert chain_hash(GENESIS_HASH, 1, event_id, moment, "call.failed", "call-x", "{}") == expected
+
+
+def test_labels_and_returns_are_events_with_dotted_tags() -> None:
+    labels = LabelsRecorded(source="grades.csv", labels=[RecordedLabel(run="moe-1", key="AAPL", label="Hold", line=2)])
+    returns = ReturnsRecorded(
+        source="r.csv", returns=[RecordedReturn(key="AAPL", value=-0.012, as_of=date(2026, 6, 30))]
+    )
+    assert (event_type(labels), event_type(returns)) == ("labels.recorded", "returns.recorded")
+    for body in (labels, returns):
+        payload = encode_event(body)
+        assert decode_event(payload) == body and encode_event(decode_event(payload)) == payload
+    # the fields added later have defaults: an event written without them still decodes
+    assert decode_event(b'{"type":"labels.recorded","source":"s","labels":[{"run":"r","key":"k","label":"x"}]}') == (
+        LabelsRecorded(source="s", labels=[RecordedLabel(run="r", key="k", label="x")])
+    )

@@ -8,6 +8,7 @@ import argparse
 from usage_ledger.commands import reports, server
 from usage_ledger.commands.agreement import add_agreement_parser
 from usage_ledger.commands.compare import compare_command
+from usage_ledger.commands.decide import add_decide_parsers
 from usage_ledger.commands.support import add_db_option
 from usage_ledger.projections.filters import CALL_STATUSES
 from usage_ledger.projections.formulas import FORMULAS
@@ -87,6 +88,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=compare_command)
 
     add_agreement_parser(sub)  # its many options live beside its work (`commands.agreement`)
+    add_decide_parsers(sub)  # labels import, returns import, decide (`commands.decide`)
 
     p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
     add_db_option(p)

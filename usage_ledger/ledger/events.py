@@ -7,7 +7,7 @@ payload is the canonical JSON of the event body (`encode_event`); it is exactly 
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any, Literal
 
 import msgspec
@@ -21,8 +21,12 @@ __all__ = (
     "CallStarted",
     "Event",
     "FailureReason",
+    "LabelsRecorded",
     "NewEvent",
     "ProjectionPromoted",
+    "RecordedLabel",
+    "RecordedReturn",
+    "ReturnsRecorded",
     "RunAnnotated",
     "Sampling",
     "ServedModel",
@@ -241,6 +245,42 @@ class ServerSampled(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     models: list[ServedModel] | None = None
 
 
+class RecordedLabel(msgspec.Struct, frozen=True, kw_only=True):
+    """One key's label in one run; an empty label says the run has none for the key (it withdraws an earlier one)."""
+
+    run: str
+    key: str
+    label: str
+    line: int = 0
+    """Where it was in the imported file (0: read from the run's stored answers)."""
+
+
+class LabelsRecorded(msgspec.Struct, frozen=True, kw_only=True, tag="labels.recorded"):
+    """Labels of runs' keys from one file (`ledger labels import FILE`) or one extraction over a run's stored
+    answers (`--run R --extract RE`). The latest event's label per (run, key) counts; earlier ones stay."""
+
+    source: str
+    labels: list[RecordedLabel]
+    extract: str = ""
+    """The pattern the labels were read with, for an extraction."""
+
+
+class RecordedReturn(msgspec.Struct, frozen=True, kw_only=True):
+    """A key's realized return, as of a date when given."""
+
+    key: str
+    value: float
+    as_of: date | None = None
+    line: int = 0
+
+
+class ReturnsRecorded(msgspec.Struct, frozen=True, kw_only=True, tag="returns.recorded"):
+    """Realized returns per key from one file (`ledger returns import FILE`); per (key, as_of) the latest event counts."""
+
+    source: str
+    returns: list[RecordedReturn]
+
+
 Event = (
     CallStarted
     | CallFinished
@@ -251,6 +291,8 @@ Event = (
     | ProjectionPromoted
     | BlobRedacted
     | ServerSampled
+    | LabelsRecorded
+    | ReturnsRecorded
 )
 
 

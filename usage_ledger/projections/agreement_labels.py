@@ -30,7 +30,15 @@ from usage_ledger.projections.errors import NotFound, ProjectionError
 from usage_ledger.projections.reports import live_versions
 from usage_ledger.projections.tables import calls
 
-__all__ = ("NO_BODY", "TIMED_OUT", "RunLabels", "labels_from_csv", "labels_from_ledger", "read_outcomes")
+__all__ = (
+    "NO_BODY",
+    "TIMED_OUT",
+    "RunLabels",
+    "answer_text",
+    "labels_from_csv",
+    "labels_from_ledger",
+    "read_outcomes",
+)
 
 TIMED_OUT = "timed out"
 """The reason of a key whose answers the extractor gave up on (`agreement_text.EXTRACT_TIMEOUT_S`)."""
@@ -80,10 +88,8 @@ def _header(headers: list[tuple[str, str]], name: str) -> str | None:
     return next((value for key, value in headers if key.lower() == name), None)
 
 
-async def _call_label(
-    conn: AsyncConnection, call_id: str, origin: str, blob: str | None, extract: LabelExtractor
-) -> tuple[str | None, str]:
-    """(label, "") or (None, why there is none) for one completed call."""
+async def answer_text(conn: AsyncConnection, call_id: str, origin: str, blob: str | None) -> tuple[str | None, str]:
+    """(the assistant text of the call's stored response, "") or (None, why there is none)."""
     if origin == "import":
         return None, "imported"
     finished = await _finished_event(conn, call_id)
@@ -103,8 +109,16 @@ async def _call_label(
     except ValueError:
         return None, "unreadable"
     text = assistant_text(body, _header(headers, "content-type"))
+    return (text, "") if text is not None else (None, "unreadable")
+
+
+async def _call_label(
+    conn: AsyncConnection, call_id: str, origin: str, blob: str | None, extract: LabelExtractor
+) -> tuple[str | None, str]:
+    """(label, "") or (None, why there is none) for one completed call."""
+    text, why = await answer_text(conn, call_id, origin, blob)
     if text is None:
-        return None, "unreadable"
+        return None, why
     try:
         label = extract(text)
     except TimeoutError:

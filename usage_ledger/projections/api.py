@@ -1,4 +1,4 @@
-"""The read API (Litestar): GET /runs, /tickers, /daily, /calls, /calls/{call_id}.
+"""The read API (Litestar): GET /runs, /tickers, /daily, /calls, /calls/{call_id}, /decide.
 
 Handlers are thin: they call the same report functions as the CLI, with `refresh=False` because
 `follow_projections` keeps the projections current inside `ledger serve`. The gateway mounts
@@ -26,6 +26,7 @@ from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
 from usage_ledger.ledger.db import Database
 from usage_ledger.projections.callviews import calls_page, get_call
+from usage_ledger.projections.decide import Decision, decide
 from usage_ledger.projections.errors import NotFound, ProjectionError
 from usage_ledger.projections.filters import (
     CALL_STATUSES,
@@ -36,12 +37,13 @@ from usage_ledger.projections.filters import (
     parse_filter,
 )
 from usage_ledger.projections.formulas import FORMULAS
+from usage_ledger.projections.label_import import parse_as_of
 from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
 from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.projections.text import projection_text_or_none
 
-__all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers", "error_response")
+__all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers", "error_response", "split_runs")
 
 MAX_LIMIT = 1000
 """Calls per page at most (`limit` 1..MAX_LIMIT, default 100)."""
@@ -77,8 +79,16 @@ Status = Annotated[
         pattern=STATUS_PATTERN,
     ),
 ]
+Group = Annotated[str, QueryParameter(description="a group's runs, comma-separated (`ledger decide --a`/`--b`)")]
+Scale = Annotated[str, QueryParameter(description="the ordered labels, lowest first, comma-separated")]
+AsOf = Annotated[str | None, QueryParameter(description="returns as of this date, YYYY-MM-DD (default: the latest)")]
 Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls to skip, 0..{MAX_OFFSET}")]
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
+
+
+def split_runs(text: str) -> list[str]:
+    """`a=R1,R2` as its runs, each read under the rule of `projections.text` (empty entries dropped)."""
+    return [projection_text_or_none(part.strip()) or "" for part in text.split(",") if part.strip()]
 
 
 def error_response(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
@@ -190,10 +200,19 @@ def build_api_routers(
             raise NotFound(f"no call {call_id!r} in the ledger")
         return await get_call(database, call_id, refresh=False)
 
+    @get("/decide", raises=may_miss)
+    async def decision(a: Group, b: Group, scale: Scale, as_of: AsOf = None) -> Decision:
+        """`ledger decide --a … --b … --scale … --format json`: the same object."""
+        try:
+            when = parse_as_of(as_of or "")
+        except ValueError as exc:
+            raise InvalidFilter("as_of", str(exc)) from exc
+        return await decide(database, split_runs(a), split_runs(b), scale, as_of=when, run_gap_s=gap, refresh=False)
+
     return [
         Router(
             path="/",
-            route_handlers=[runs, tickers, daily, daily_weekday_mean, calls, call],
+            route_handlers=[runs, tickers, daily, daily_weekday_mean, calls, call, decision],
             exception_handlers={ProjectionError: error_response},
             tags=["projections"],
         )

@@ -47,7 +47,7 @@ from usage_ledger.projections.rows import CallsPerTicker
 from usage_ledger.projections.server import ServerBlock
 from usage_ledger.projections.tables import calls
 
-__all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison")
+__all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison", "run_column")
 
 _PAGE = 2000  # events per read while collecting chunk gaps
 
@@ -219,7 +219,8 @@ def _latencies(times: Sequence[_CallTimes]) -> tuple[Sample, Sample, Sample]:
     return Sample.of(ttft), Sample.of(tpot), Sample.of(e2e)
 
 
-async def _column(database: Database, run: str, run_gap_s: float, *, refresh: bool) -> RunComparison:
+async def run_column(database: Database, run: str, run_gap_s: float, *, refresh: bool) -> RunComparison:
+    """One run's column (no audit): NotFound for a run the ledger does not have."""
     (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=refresh)  # NotFound if no such run
     async with database.engine.connect() as conn:
         version, _ = await live_version(conn, "calls")
@@ -313,7 +314,7 @@ async def compare_runs(
     gap = 900.0 if run_gap_s is None else run_gap_s
     columns: list[RunComparison] = []
     for i, run in enumerate(runs):
-        column = await _column(database, run, gap, refresh=refresh and i == 0)
+        column = await run_column(database, run, gap, refresh=refresh and i == 0)
         audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=gap, refresh=False)
         columns.append(
             msgspec.structs.replace(

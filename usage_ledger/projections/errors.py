@@ -34,10 +34,11 @@ class NotFound(ProjectionError):
 class ImportFailed(ProjectionError):
     """An import file had invalid rows (nothing of it was imported)."""
 
-    def __init__(self, errors: list[str]) -> None:
+    def __init__(self, errors: list[str], message: str | None = None) -> None:
         self.errors = errors
         shown = "\n".join(errors[:20])
         more = f"\n... and {len(errors) - 20} more" if len(errors) > 20 else ""
         super().__init__(
-            f"{len(errors)} invalid row(s), nothing imported (fix them or pass --skip-invalid):\n{shown}{more}"
+            message
+            or f"{len(errors)} invalid row(s), nothing imported (fix them or pass --skip-invalid):\n{shown}{more}"
         )

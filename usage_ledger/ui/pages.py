@@ -16,6 +16,7 @@ from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.text import projection_text_or_none
 from usage_ledger.ui.api import call_query
 from usage_ledger.ui.auth import LoginRequired, UiAuth
+from usage_ledger.ui.decide import decide_handlers
 from usage_ledger.ui.queries import call_detail, call_facets, list_calls
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.render import Renderer
@@ -92,7 +93,7 @@ def pages_router(reader: Reader, auth: UiAuth, renderer: Renderer) -> Router:
 
     return Router(
         path="/",
-        route_handlers=[runs, run, eras, daily, calls, call, compare],
+        route_handlers=[runs, run, eras, daily, calls, call, compare, *decide_handlers(reader, auth, renderer)],
         guards=[auth.guard],
         exception_handlers={LoginRequired: auth.to_login, ProjectionError: error_page},
         include_in_schema=False,

@@ -1,0 +1,191 @@
+"""`ledger labels import`, `ledger returns import` and `ledger decide` (docs/decide.md, "The decision")."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import msgspec
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from usage_ledger.commands.agreement import _width
+from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.projections.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
+from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.label_import import Recorded, extract_labels, import_labels, import_returns, parse_as_of
+
+__all__ = ("add_decide_parsers",)
+
+
+def add_decide_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    labels = sub.add_parser("labels", help="labels of runs' keys as ledger events (what `ledger decide` reads)")
+    labels_sub = labels.add_subparsers(dest="labels_command", metavar="ACTION", required=True)
+    p = labels_sub.add_parser("import", help="from a CSV (run,key,label) or the run's stored answers (--run --extract)")
+    add_db_option(p)
+    p.add_argument("file", nargs="?", metavar="FILE.csv", help="columns run,key,label")
+    p.add_argument("--run", help="read the labels from this run's stored answers (with --extract)")
+    p.add_argument("--extract", metavar="REGEX", help="the label: this regex's one group in the assistant text")
+    p.add_argument(
+        "--key", default="ticker", metavar="TAG", help="with --extract: the tag naming a key (default %(default)s)"
+    )
+    p.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="TAG=VALUE",
+        help="with --extract: only calls with this tag value",
+    )
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    p.set_defaults(func=labels_import_command)
+
+    returns = sub.add_parser("returns", help="realized returns per key as ledger events (rank IC in `ledger decide`)")
+    returns_sub = returns.add_subparsers(dest="returns_command", metavar="ACTION", required=True)
+    p = returns_sub.add_parser("import", help="from a CSV: key,return[,as_of]")
+    add_db_option(p)
+    p.add_argument("file", metavar="FILE.csv")
+    p.set_defaults(func=returns_import_command)
+
+    p = sub.add_parser("decide", help="the adoption decision: two groups of runs side by side, and what is unmeasured")
+    add_db_option(p)
+    p.add_argument("--a", nargs="+", required=True, metavar="RUN", help="group a's runs (e.g. the current model's)")
+    p.add_argument("--b", nargs="+", required=True, metavar="RUN", help="group b's runs (the candidate's)")
+    p.add_argument("--scale", required=True, metavar="L1,L2,…", help="the ordered labels, lowest first")
+    p.add_argument("--as-of", dest="as_of", metavar="YYYY-MM-DD", help="returns as of this date (default: the latest)")
+    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    p.add_argument("--format", dest="output_format", choices=("table", "json"), default="table")
+    p.set_defaults(func=decide_command)
+
+
+def _print_recorded(what: str, result: Recorded) -> None:
+    if result.appended:
+        print(f"{what} appended at position {result.position}: {result.rows} from {result.source}")
+    else:
+        print(
+            f"{what} from {result.source}: the same content is already in the ledger (event {result.event_id}); nothing appended"
+        )
+    for warning in result.warnings:
+        print(f"ledger: warning: {warning}", file=sys.stderr)
+
+
+def labels_import_command(args: argparse.Namespace) -> int:
+    """Exit 0 when recorded (or already there), 2 for a bad row, an unknown run or bad usage (nothing appended)."""
+
+    async def main() -> int:
+        if (args.file is None) == (args.run is None) or (args.run is None) != (args.extract is None):
+            raise ProjectionError("give FILE.csv, or --run RUN with --extract REGEX")
+        settings = settings_from_args(args, "run_gap_s")
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        database = await open_checked(settings)
+        gap = settings.reports.run_gap_s
+        try:
+            if args.file is not None:
+                result = await import_labels(database, args.file, run_gap_s=gap)
+            else:
+                result = await extract_labels(
+                    database, args.run, args.extract, key=args.key, where=args.where, run_gap_s=gap
+                )
+        finally:
+            await database.dispose()
+        _print_recorded("labels.recorded", result)
+        return 0
+
+    return run_command(main)
+
+
+def returns_import_command(args: argparse.Namespace) -> int:
+    """Exit 0 when recorded (or already there), 2 for a bad row (nothing appended)."""
+
+    async def main() -> int:
+        settings = settings_from_args(args)
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        database = await open_checked(settings)
+        try:
+            result = await import_returns(database, Path(args.file))
+        finally:
+            await database.dispose()
+        _print_recorded("returns.recorded", result)
+        return 0
+
+    return run_command(main)
+
+
+def decide_command(args: argparse.Namespace) -> int:
+    """Exit 0 with the report; 2 for an unknown run, a label outside --scale or other bad usage."""
+
+    async def main() -> int:
+        try:
+            as_of = parse_as_of(args.as_of or "", "--as-of")
+        except ValueError as exc:
+            raise ProjectionError(str(exc)) from exc
+        settings = settings_from_args(args, "run_gap_s")
+        configure_logging(settings.log.log_level, settings.log.log_format)
+        database = await open_checked(settings)
+        try:
+            result = await decide(
+                database, args.a, args.b, args.scale, as_of=as_of, run_gap_s=settings.reports.run_gap_s
+            )
+        finally:
+            await database.dispose()
+        if args.output_format == "json":
+            sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
+        else:
+            print_decision(result)
+        return 0
+
+    return run_command(main)
+
+
+def _cell(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
+    rows = [
+        ("runs", ", ".join(a.runs), ", ".join(b.runs)),
+        ("throughput_tps", _cell(a.throughput_tps, 1), _cell(b.throughput_tps, 1)),
+        ("hours_per_100_tickers", _cell(a.hours_per_100_tickers, 2), _cell(b.hours_per_100_tickers, 2)),
+    ]
+    rows += [(name, _cell(a.latency.get(name), 1), _cell(b.latency.get(name), 1)) for name in LATENCY_FIGURES]
+    for name in sorted(a.server.keys() | b.server.keys()):
+        rows.append((f"server.{name}", _cell(a.server.get(name)), _cell(b.server.get(name))))
+    rows += [
+        ("self_qwk", _cell(a.self_qwk), _cell(b.self_qwk)),
+        ("self_agree_rate", _cell(a.self_agree_rate), _cell(b.self_agree_rate)),
+    ]
+    for label in a.label_shares or b.label_shares:  # both in scale order, or empty without labels
+        rows.append((f"label_shares.{label}", _cell(a.label_shares.get(label)), _cell(b.label_shares.get(label))))
+    rows.append(("rank_ic", _cell(a.rank_ic), _cell(b.rank_ic)))
+    return rows
+
+
+def print_decision(result: Decision) -> None:
+    """Groups as columns, then between-group agreement, flipped keys and what is unmeasured."""
+    console = Console(width=_width(), soft_wrap=False, highlight=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    for i, name in enumerate(("figure", "a", "b")):
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+    for row in _rows(result.a, result.b):
+        table.add_row(*row)
+    console.print("[bold]Decision[/bold]: the evidence side by side (no verdict)")
+    console.print(table)
+    between = result.between
+    console.print(f"between a and b: QWK {_cell(between.qwk)}, agree rate {_cell(between.agree_rate)}")
+    if between.flipped:
+        flips = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title="flipped keys (most frequent label)")
+        for name in ("key", "a", "b"):
+            flips.add_column(name)
+        for flip in between.flipped:
+            flips.add_row(
+                flip.key,
+                " = ".join(flip.a) + (" (tie)" if len(flip.a) > 1 else ""),
+                " = ".join(flip.b) + (" (tie)" if len(flip.b) > 1 else ""),
+            )
+        console.print(flips)
+    else:
+        console.print("no flipped keys")
+    for item in result.unmeasured:
+        console.print(f"unmeasured: {item}")

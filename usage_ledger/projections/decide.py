@@ -1,0 +1,226 @@
+"""`ledger decide`: the adoption decision's evidence for two groups of runs, side by side, and what is not measured.
+
+Per group (`a`, `b`): its runs; the means over its runs of the aggregate throughput under the
+promoted formula (`runs_report`, through `compare.run_column`), of hours per 100 tickers, of the
+latency medians (`ttft_ms.p50`, … as `ledger compare` names them) and of the server figures that were
+sampled; `self_qwk` and `self_agree_rate`, means over the group's run pairs of the quadratic weighted
+kappa and of the share of common keys labelled alike (null for one run); `label_shares`, each
+label's share of the group's labels (0-1, scale order); `rank_ic`, the mean over its runs of
+Spearman's rho between the label's position on the scale and the key's return (null without returns).
+`between`: the same kappa and rate over every a × b pair, and the keys whose most frequent label
+differs between the groups (a tie for most frequent lists every tied label). No verdict: `unmeasured`
+says what is missing. Labels and returns are the ledger's (`projections.recorded`); the statistics
+are `agreement_stats`' (one definition, held to scikit-learn and SciPy by the tests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from datetime import date
+
+import msgspec
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections.agreement import parse_scale
+from usage_ledger.projections.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
+from usage_ledger.projections.compare import RunComparison, metric_values, run_column
+from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.recorded import Returns, recorded_labels, recorded_returns
+
+__all__ = ("LATENCY_FIGURES", "SERVER_FIGURES", "Between", "Decision", "FlippedKey", "GroupFigures", "decide")
+
+LATENCY_FIGURES = ("ttft_ms.p50", "tpot_ms.p50", "itl_ms.p50", "e2e_ms.p50")
+SERVER_FIGURES = ("spec_decode_acceptance_rate", "kv_cache_usage_max", "preemptions")
+
+
+class GroupFigures(msgspec.Struct, frozen=True, kw_only=True):
+    runs: list[str]
+    throughput_tps: float | None
+    hours_per_100_tickers: float | None
+    latency: dict[str, float | None]
+    """`ledger compare`'s medians (`ttft_ms.p50`, `tpot_ms.p50`, `itl_ms.p50`, `e2e_ms.p50`), mean over the runs."""
+    server: dict[str, float]
+    """Acceptance, KV cache use, preemptions (ServerBlock's names), mean over the runs sampled; absent: none was."""
+    self_qwk: float | None
+    self_agree_rate: float | None
+    label_shares: dict[str, float]
+    rank_ic: float | None
+
+
+class FlippedKey(msgspec.Struct, frozen=True, kw_only=True):
+    key: str
+    a: list[str]
+    """Group a's most frequent label (several on a tie), in scale order."""
+    b: list[str]
+
+
+class Between(msgspec.Struct, frozen=True, kw_only=True):
+    qwk: float | None
+    agree_rate: float | None
+    flipped: list[FlippedKey]
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    a: GroupFigures
+    b: GroupFigures
+    between: Between
+    unmeasured: list[str]
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) / len(present) if present else None
+
+
+def _pairs(
+    pairs: Iterable[tuple[str, str]], labels: dict[str, dict[str, str]], scale: Sequence[str], notes: list[str]
+) -> tuple[float | None, float | None]:
+    """Mean QWK and mean agreement rate over the pairs (each over the keys both runs labelled)."""
+    kappas: list[float | None] = []
+    rates: list[float | None] = []
+    for x, y in pairs:
+        common = sorted(labels[x].keys() & labels[y].keys())
+        first, second = [labels[x][k] for k in common], [labels[y][k] for k in common]
+        kappa = quadratic_weighted_kappa(first, second, scale)
+        if kappa.value is None:
+            notes.append(f"QWK {x} vs {y}: {kappa.reason}")
+        kappas.append(kappa.value)
+        rates.append(sum(p == q for p, q in zip(first, second, strict=True)) / len(common) if common else None)
+    return _mean(kappas), _mean(rates)
+
+
+def _shares(runs: Sequence[str], labels: dict[str, dict[str, str]], scale: Sequence[str]) -> dict[str, float]:
+    counts = Counter(label for run in runs for label in labels[run].values())
+    total = sum(counts.values())
+    return {label: counts[label] / total for label in scale} if total else {}
+
+
+def _rank_ic(
+    runs: Sequence[str], labels: dict[str, dict[str, str]], scale: Sequence[str], returns: Returns, notes: list[str]
+) -> float | None:
+    if not returns.values:
+        return None
+    position = {label: float(i) for i, label in enumerate(scale)}
+    values: list[float | None] = []
+    for run in runs:
+        keys = sorted(labels[run].keys() & returns.values.keys())
+        rho = spearman([position[labels[run][k]] for k in keys], [returns.values[k] for k in keys])
+        if rho.value is None:
+            notes.append(f"rank IC {run}: {rho.reason}")
+        values.append(rho.value)
+    return _mean(values)
+
+
+def _group(
+    runs: Sequence[str],
+    columns: dict[str, RunComparison],
+    labels: dict[str, dict[str, str]],
+    scale: Sequence[str],
+    returns: Returns,
+    notes: list[str],
+) -> GroupFigures:
+    figures = [metric_values(columns[run]) for run in runs]
+    server: dict[str, float] = {}
+    for name in SERVER_FIGURES:
+        value = _mean(f[f"server.{name}"] for f in figures)
+        if value is not None:
+            server[name] = value
+    self_qwk, self_rate = _pairs(itertools.combinations(runs, 2), labels, scale, notes)
+    return GroupFigures(
+        runs=list(runs),
+        throughput_tps=_mean(columns[run].throughput_tps.get(columns[run].formula) for run in runs),
+        hours_per_100_tickers=_mean(columns[run].hours_per_100_tickers for run in runs),
+        latency={name: _mean(f[name] for f in figures) for name in LATENCY_FIGURES},
+        server=server,
+        self_qwk=self_qwk,
+        self_agree_rate=self_rate,
+        label_shares=_shares(runs, labels, scale),
+        rank_ic=_rank_ic(runs, labels, scale, returns, notes),
+    )
+
+
+def _most_frequent(runs: Sequence[str], labels: dict[str, dict[str, str]], key: str, scale: Sequence[str]) -> list[str]:
+    counts = Counter(labels[run][key] for run in runs if key in labels[run])
+    top = max(counts.values())
+    return [label for label in scale if counts[label] == top]
+
+
+def _flipped(
+    a: Sequence[str], b: Sequence[str], labels: dict[str, dict[str, str]], scale: Sequence[str]
+) -> list[FlippedKey]:
+    in_a = {key for run in a for key in labels[run]}
+    in_b = {key for run in b for key in labels[run]}
+    flipped = []
+    for key in sorted(in_a & in_b):
+        first, second = _most_frequent(a, labels, key, scale), _most_frequent(b, labels, key, scale)
+        if first != second:
+            flipped.append(FlippedKey(key=key, a=first, b=second))
+    return flipped
+
+
+def _check_groups(a: Sequence[str], b: Sequence[str]) -> None:
+    if not a or not b:
+        raise ProjectionError("decide needs at least one run in each group (--a RUN... --b RUN...)")
+    every = [*a, *b]
+    repeated = sorted({run for run in every if every.count(run) > 1})
+    if repeated:
+        raise ProjectionError(f"run {', '.join(map(repr, repeated))} given more than once (each run in one group)")
+
+
+def _unmeasured(
+    groups: dict[str, Sequence[str]],
+    columns: dict[str, RunComparison],
+    labels: dict[str, dict[str, str]],
+    returns: Returns,
+    as_of: date | None,
+) -> list[str]:
+    missing: list[str] = []
+    if not returns.keys_recorded:
+        missing.append("no returns recorded: rank IC is not measured (ledger returns import FILE.csv)")
+    elif not returns.values:
+        missing.append(f"no return dated on or before {as_of}: rank IC is not measured")
+    for name, runs in groups.items():
+        if len(runs) == 1:
+            missing.append(f"group {name} has one run only: self-agreement needs a second repetition")
+        for run in runs:
+            if not labels[run]:
+                missing.append(f"run {run} has no labels (ledger labels import)")
+            elif returns.values and not labels[run].keys() & returns.values.keys():
+                missing.append(f"run {run}: none of its labelled keys has a return")
+        if all(columns[run].server is None for run in runs):
+            missing.append(f"group {name}: no server samples (acceptance, KV cache, preemptions not measured)")
+    return missing
+
+
+async def decide(
+    database: Database,
+    a: Sequence[str],
+    b: Sequence[str],
+    scale: str,
+    *,
+    as_of: date | None = None,
+    run_gap_s: float = 900.0,
+    refresh: bool = True,
+) -> Decision:
+    """The decision's evidence; NotFound for an unknown run, ProjectionError for a label outside `scale`.
+
+    `refresh`: catch the projections up first; False under `ledger serve`, whose follower does."""
+    _check_groups(a, b)
+    ordered = parse_scale(scale)
+    runs = [*a, *b]
+    columns = {
+        run: await run_column(database, run, run_gap_s, refresh=refresh and i == 0) for i, run in enumerate(runs)
+    }
+    labels = await recorded_labels(database, runs)
+    check_scale(ordered, (label for run in runs for label in labels[run].values()))
+    returns = await recorded_returns(database, as_of=as_of)
+    notes: list[str] = []
+    group_a = _group(a, columns, labels, ordered, returns, notes)
+    group_b = _group(b, columns, labels, ordered, returns, notes)
+    qwk, rate = _pairs(itertools.product(a, b), labels, ordered, notes)
+    between = Between(qwk=qwk, agree_rate=rate, flipped=_flipped(a, b, labels, ordered))
+    unmeasured = _unmeasured({"a": a, "b": b}, columns, labels, returns, as_of) + notes
+    return Decision(a=group_a, b=group_b, between=between, unmeasured=unmeasured)

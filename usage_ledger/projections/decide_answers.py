@@ -1,0 +1,72 @@
+"""The stored answers behind a key's labels: per run, the text of the last completed call for the key.
+
+What the Decide page opens for a flipped key, so the two groups' answers can be read side by side.
+The key is the `ticker` tag (as `ledger agreement` and `labels import --extract` read it by default);
+the text is the assistant text of the stored response (`agreement_labels.answer_text`), or why there is none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+from sqlalchemy import select
+
+from usage_ledger.ledger.db import Database
+from usage_ledger.projections._aggregate import run_filter
+from usage_ledger.projections.agreement_labels import answer_text
+from usage_ledger.projections.errors import NotFound
+from usage_ledger.projections.recorded import recorded_labels
+from usage_ledger.projections.reports import live_versions
+from usage_ledger.projections.tables import calls
+
+__all__ = ("RunAnswer", "key_answers")
+
+_tags = msgspec.json.Decoder(dict[str, str])
+
+
+class RunAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    run: str
+    label: str | None
+    """The label the ledger holds for the run and key."""
+    calls: int
+    """The run's calls for the key."""
+    call_id: str | None = None
+    """The call whose answer is shown: the last completed one."""
+    text: str | None = None
+    missing: str = ""
+    """Why there is no text: no call, none completed, or the body's state (redacted, not stored, …)."""
+
+
+async def key_answers(
+    database: Database, runs: Sequence[str], key: str, *, key_tag: str = "ticker", run_gap_s: float = 900.0
+) -> list[RunAnswer]:
+    """Each run's answer for `key`, in the order given; NotFound for a run the ledger does not have."""
+    version, _, _ = await live_versions(database)
+    labels = await recorded_labels(database, runs)
+    answers = []
+    async with database.engine.connect() as conn:
+        for run in runs:
+            clause = await run_filter(conn, version, run, run_gap_s)
+            if clause is None:
+                raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+            c = calls.c
+            rows = (
+                await conn.execute(
+                    select(c.call_id, c.tags, c.status, c.origin, c.response_blob)
+                    .where(c.version == version, clause)
+                    .order_by(c.started_at, c.call_id)
+                )
+            ).all()
+            mine = [row for row in rows if _tags.decode(row.tags).get(key_tag) == key]
+            done = [row for row in mine if row.status == "ok"]
+            label = labels[run].get(key)
+            if not done:
+                answers.append(RunAnswer(run=run, label=label, calls=len(mine), missing="no completed call"))
+                continue
+            last = done[-1]
+            text, why = await answer_text(conn, last.call_id, last.origin, last.response_blob)
+            answers.append(
+                RunAnswer(run=run, label=label, calls=len(mine), call_id=last.call_id, text=text, missing=why)
+            )
+    return answers

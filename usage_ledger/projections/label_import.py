@@ -1,0 +1,280 @@
+"""`ledger labels import` and `ledger returns import`: labels and realized returns as events (DESIGN §6).
+
+- One event per file (`labels.recorded`, `returns.recorded`), or per extraction over a run's stored
+  answers (`labels import --run R --extract RE`, read as `ledger agreement --extract` reads them).
+- Atomic per file: a bad row is reported `file:line: reason` and nothing of the file is appended.
+- Identity comes from content: the event id is a UUIDv5 over the sorted rows (not the file name, the
+  order of the rows or their lines), so importing the same content again, or a renamed copy, adds
+  nothing. A corrected file is new content: it is appended, and its values supersede the earlier
+  ones per (run, key) for labels and per (key, as_of) for returns; the earlier events stay.
+- Labels: `run,key,label` (other columns ignored). An empty label records that the run has no label
+  for the key. A (run, key) twice in one file, or a run the ledger does not have, is a bad row.
+- Returns: `key,return[,as_of]`; `return` a finite number, `as_of` an ISO date (YYYY-MM-DD). A
+  (key, as_of) twice in one file is a bad row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import date
+from pathlib import Path
+
+import msgspec
+
+from usage_ledger.ledger.append import append_events, translate_db_error
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import (
+    LabelsRecorded,
+    NewEvent,
+    RecordedLabel,
+    RecordedReturn,
+    ReturnsRecorded,
+    new_event,
+)
+from usage_ledger.projections._aggregate import run_filter
+from usage_ledger.projections.agreement import parse_where
+from usage_ledger.projections.agreement_labels import labels_from_ledger
+from usage_ledger.projections.agreement_text import regex_extractor
+from usage_ledger.projections.errors import ImportFailed, ProjectionError
+from usage_ledger.projections.reports import live_versions
+
+__all__ = (
+    "LABELS_STREAM",
+    "RETURNS_STREAM",
+    "Recorded",
+    "extract_labels",
+    "import_labels",
+    "import_returns",
+    "parse_as_of",
+)
+
+LABELS_STREAM = "labels"
+RETURNS_STREAM = "returns"
+_NAMESPACE = uuid.UUID("5f0c1b8e-2d47-5a61-9c3e-7b1d0e4a6f21")
+"""Of every labels/returns event id (never change it: ids already stored were made with it)."""
+_MAX_TEXT = 255
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+class Recorded(msgspec.Struct, frozen=True, kw_only=True):
+    """What one import did: `appended` False when the same content was already in the ledger."""
+
+    source: str
+    rows: int
+    appended: bool
+    position: int | None
+    event_id: str
+    warnings: list[str] = []
+
+
+def _content_id(kind: str, rows: Sequence[msgspec.Struct]) -> uuid.UUID:
+    # lines are where a row was, not what it says: a reordered file is the same content
+    plain = sorted(_canonical.encode(msgspec.structs.replace(row, line=0)) for row in rows)
+    return uuid.uuid5(_NAMESPACE, kind + "\n" + "\n".join(item.decode() for item in plain))
+
+
+def _rows(path: Path, required: Sequence[str], errors: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line, cells by column) per non-blank row; a header missing a column ends the file with one error."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise ProjectionError(f"{path}: {exc.strerror or exc}") from exc
+    with handle:
+        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        reader = csv.reader(text)
+        try:
+            header = [name.strip() for name in next(reader)]
+        except StopIteration:
+            errors.append(f"{path}:1: empty file (expected the header {','.join(required)})")
+            return
+        except csv.Error as exc:
+            errors.append(f"{path}:1: invalid CSV: {exc}")
+            return
+        missing = [name for name in required if name not in header]
+        if missing:
+            errors.append(f"{path}:1: no column {', '.join(missing)} in the header (it has {', '.join(header)})")
+            return
+        while True:
+            line = reader.line_num + 1
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                errors.append(f"{path}:{line}: invalid CSV: {exc}")
+                continue
+            if not any(cell.strip() for cell in cells):
+                continue
+            try:
+                "".join(cells).encode("utf-8")
+            except UnicodeEncodeError:
+                errors.append(f"{path}:{line}: not valid UTF-8; save the file as UTF-8")
+                continue
+            if len(cells) != len(header):
+                errors.append(f"{path}:{line}: expected {len(header)} columns, got {len(cells)}")
+                continue
+            yield line, dict(zip(header, (cell.strip() for cell in cells), strict=True))
+
+
+def _text(value: str, field: str, *, empty: bool = False) -> str:
+    if (not value and not empty) or len(value) > _MAX_TEXT or any(ord(ch) < 32 for ch in value):
+        raise ValueError(f"{field}: must be 1-{_MAX_TEXT} characters without control characters, got {value!r}")
+    return value
+
+
+async def _append(database: Database, event: NewEvent, source: str, rows: int, warnings: list[str]) -> Recorded:
+    try:
+        result = await append_events(database, [event])
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    appended = result.appended > 0
+    return Recorded(
+        source=source,
+        rows=rows,
+        appended=appended,
+        position=result.last_position if appended else None,
+        event_id=str(event.event_id),
+        warnings=warnings,
+    )
+
+
+async def _unknown_runs(database: Database, runs: Sequence[str], run_gap_s: float) -> set[str]:
+    version, _, _ = await live_versions(database)
+    async with database.engine.connect() as conn:
+        return {run for run in runs if await run_filter(conn, version, run, run_gap_s) is None}
+
+
+async def import_labels(database: Database, path: str | Path, *, run_gap_s: float = 900.0) -> Recorded:
+    """One `labels.recorded` for the file; `ImportFailed` (nothing appended) when a row is bad."""
+    path = Path(path)
+    errors: list[str] = []
+    labels: list[RecordedLabel] = []
+    first: dict[tuple[str, str], int] = {}
+    run_lines: dict[str, int] = {}
+    for line, row in _rows(path, ("run", "key", "label"), errors):
+        try:
+            label = RecordedLabel(
+                run=_text(row["run"], "run"),
+                key=_text(row["key"], "key"),
+                label=_text(row["label"], "label", empty=True),
+                line=line,
+            )
+        except ValueError as exc:
+            errors.append(f"{path}:{line}: {exc}")
+            continue
+        if (seen := first.setdefault((label.run, label.key), line)) != line:
+            errors.append(
+                f"{path}:{line}: a second label for run {label.run!r}, key {label.key!r} (first: line {seen})"
+            )
+            continue
+        run_lines.setdefault(label.run, line)
+        labels.append(label)
+    for run in sorted(await _unknown_runs(database, list(run_lines), run_gap_s)):
+        errors.append(f"{path}:{run_lines[run]}: no run {run!r} in the ledger (see `ledger report runs`)")
+    if not labels and not errors:
+        errors.append(f"{path}:1: no labels in the file")
+    if errors:
+        raise _refuse(errors)
+    body = LabelsRecorded(source=path.name, labels=labels)
+    event = new_event(body, stream=LABELS_STREAM, event_id=_content_id("labels", labels))
+    return await _append(database, event, path.name, len(labels), [])
+
+
+async def extract_labels(
+    database: Database,
+    run: str,
+    pattern: str,
+    *,
+    key: str = "ticker",
+    where: Sequence[str] = (),
+    run_gap_s: float = 900.0,
+) -> Recorded:
+    """One `labels.recorded` with the labels `pattern` finds in the run's stored answers (as `ledger agreement
+    --extract`: one label per key, each answer searched for at most `EXTRACT_TIMEOUT_S`)."""
+    extractor = regex_extractor(pattern)
+    (found,) = await labels_from_ledger(
+        database, [run], extractor, key=key, where=parse_where(where), run_gap_s=run_gap_s
+    )
+    labels = [RecordedLabel(run=run, key=name, label=label) for name, label in sorted(found.labels.items())]
+    warnings = [f"{run}: {n} {key}(s) without a label: {why}" for why, n in sorted(found.unlabelled.items())]
+    if found.timed_out:
+        warnings.append(
+            f"{run}: the pattern was stopped on {len(found.timed_out)} answer(s): {', '.join(found.timed_out)}"
+        )
+    if not labels:
+        raise ProjectionError(
+            f"--extract {pattern!r} found no label in run {run!r}"
+            + (f" ({'; '.join(warnings)})" if warnings else "")
+            + ": check it against `ledger show call`"
+        )
+    body = LabelsRecorded(source=f"run {run}", labels=labels, extract=pattern)
+    event = new_event(body, stream=LABELS_STREAM, event_id=_content_id("labels", labels))
+    return await _append(database, event, f"run {run}", len(labels), warnings)
+
+
+def _return(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"return: expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"return: {text!r} is not a finite number")
+    return value
+
+
+def parse_as_of(text: str, field: str = "as_of") -> date | None:
+    """An ISO date (YYYY-MM-DD) or None for an empty text; ValueError naming `field` otherwise."""
+    if not text:
+        return None
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text)
+    except ValueError:
+        pass
+    raise ValueError(f"{field}: expected a date YYYY-MM-DD, got {text!r}")
+
+
+async def import_returns(database: Database, path: str | Path) -> Recorded:
+    """One `returns.recorded` for the file; `ImportFailed` (nothing appended) when a row is bad."""
+    path = Path(path)
+    errors: list[str] = []
+    returns: list[RecordedReturn] = []
+    first: dict[tuple[str, date | None], int] = {}
+    for line, row in _rows(path, ("key", "return"), errors):
+        try:
+            item = RecordedReturn(
+                key=_text(row["key"], "key"),
+                value=_return(row["return"]),
+                as_of=parse_as_of(row.get("as_of", "")),
+                line=line,
+            )
+        except ValueError as exc:
+            errors.append(f"{path}:{line}: {exc}")
+            continue
+        if (seen := first.setdefault((item.key, item.as_of), line)) != line:
+            when = f" as of {item.as_of}" if item.as_of else ""
+            errors.append(f"{path}:{line}: a second return for key {item.key!r}{when} (first: line {seen})")
+            continue
+        returns.append(item)
+    if not returns and not errors:
+        errors.append(f"{path}:1: no returns in the file")
+    if errors:
+        raise _refuse(errors)
+    body = ReturnsRecorded(source=path.name, returns=returns)
+    event = new_event(body, stream=RETURNS_STREAM, event_id=_content_id("returns", returns))
+    return await _append(database, event, path.name, len(returns), [])
+
+
+def _line_of(error: str) -> int:
+    number = error.split(": ", 1)[0].rpartition(":")[2]
+    return int(number) if number.isdigit() else 0
+
+
+def _refuse(errors: list[str]) -> ProjectionError:
+    ordered = sorted(errors, key=_line_of)
+    more = f"\n... and {len(ordered) - 20} more" if len(ordered) > 20 else ""
+    return ImportFailed(ordered, f"{len(ordered)} invalid row(s), nothing imported:\n" + "\n".join(ordered[:20]) + more)
