@@ -40,7 +40,13 @@ def register(
         "--durability", choices=("strict", "async"), help="strict (default): record before the last bytes"
     )
     parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
-    parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else LEDGER_SPOOL_DIR)")
+    parser.add_argument(
+        "--state-dir",
+        dest="state_dir",
+        metavar="DIR",
+        help="the gateway's spool and keys (else LEDGER_STATE_DIR; default: beside a SQLite ledger, per user otherwise)",
+    )
+    parser.add_argument("--spool-dir", dest="spool_dir", metavar="DIR", help="outage spool (else <state dir>/spool)")
     parser.add_argument(
         "--min-body-rate",
         dest="min_body_rate",
@@ -68,7 +74,7 @@ def _serve(
     api: RoutersFactory | None,
     ui: RoutersFactory | None,
 ) -> int:
-    names = ("upstream", "host", "port", "durability", "database_url", "spool_dir", "min_body_rate")
+    names = ("upstream", "host", "port", "durability", "database_url", "state_dir", "spool_dir", "min_body_rate")
     try:
         settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
     except LedgerError as exc:

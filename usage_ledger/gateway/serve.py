@@ -16,24 +16,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
 from litestar import Router
 
 from usage_ledger.gateway.app import GatewayApp, create_app
-from usage_ledger.gateway.fingerprint_key import FingerprintKey, load_fingerprint_key
+from usage_ledger.gateway.fingerprint_key import FingerprintKey, key_file_path, load_fingerprint_key
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway.state import adopt_legacy_state
 from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.checkpointer import Checkpointer
 from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.errors import DatabaseUnavailable
+from usage_ledger.ledger.errors import ConfigError, DatabaseUnavailable
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.migrate import require_head
 from usage_ledger.ledger.settings import StorageSettings
@@ -76,7 +79,27 @@ async def serve(
     ui: ApiFactory | None = None,
 ) -> None:
     """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open,
-    `ui` the dashboard's routers (mounted under `/_ledger/ui/`)."""
+    `ui` the dashboard's routers (mounted under `/_ledger/ui/`).
+
+    The port is bound first: a start that fails there (a busy port) creates nothing; then the state directory
+    (`gateway.state`), the database, the key, the writer and its spool."""
+    sock = _bind(settings)
+    try:
+        adopt_legacy_state(storage, settings, Path.cwd())
+        await _serve_on(sock, settings, storage, background=background, api=api, ui=ui)
+    finally:
+        sock.close()
+
+
+async def _serve_on(
+    sock: socket.socket,
+    settings: GatewaySettings,
+    storage: StorageSettings,
+    *,
+    background: Sequence[Background],
+    api: ApiFactory | None,
+    ui: ApiFactory | None,
+) -> None:
     database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
     try:
         try:
@@ -102,7 +125,7 @@ async def serve(
             ) as app:
                 freeze_startup_heap()
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-                await _run_server(app, settings)
+                await _run_server(app, settings, storage, sock)
         finally:
             await _stop_tasks(tasks)
         if checkpointer is not None:
@@ -171,13 +194,35 @@ async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:
             await task
 
 
-async def _run_server(app: GatewayApp, settings: GatewaySettings) -> None:
-    sock = bind_socket(settings.host, settings.port)
+def _state_paths(settings: GatewaySettings, storage: StorageSettings) -> dict[str, str]:
+    """Where the gateway keeps its state, for the start-up line."""
+    return {
+        "state_dir": os.path.abspath(storage.state_dir),
+        "spool": os.path.abspath(storage.spool_dir),
+        "fingerprint_key": str(key_file_path(settings, storage.spool_dir)[0]),
+    }
+
+
+def _bind(settings: GatewaySettings) -> socket.socket:
+    try:
+        return bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
+            "stop what uses that port, or give another with --port / LEDGER_PORT"
+        ) from None
+
+
+async def _run_server(
+    app: GatewayApp, settings: GatewaySettings, storage: StorageSettings, sock: socket.socket
+) -> None:
     async with listening(app, settings, sock, grace_s=GRACEFUL_SHUTDOWN_S) as server:
-        await _until_signalled(server, settings, sock)
+        await _until_signalled(server, settings, storage, sock)
 
 
-async def _until_signalled(server: GatewayServer, settings: GatewaySettings, sock: socket.socket) -> None:
+async def _until_signalled(
+    server: GatewayServer, settings: GatewaySettings, storage: StorageSettings, sock: socket.socket
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -197,6 +242,7 @@ async def _until_signalled(server: GatewayServer, settings: GatewaySettings, soc
         upstream=settings.upstream,
         durability=settings.durability,
         max_connections=server.limits.max_connections,
+        **_state_paths(settings, storage),
     )
     try:
         await stop.wait()

@@ -40,7 +40,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_stored_body_bytes: Annotated[int, msgspec.Meta(ge=0)] = 16 * 1024 * 1024
     max_stored_bytes_in_flight: Annotated[int, msgspec.Meta(ge=0)] = 128 * 1024 * 1024
     fingerprint_key_file: str | None = None
-    """The key of secret fingerprints (outside the database); unset: `ledger-fingerprint.key` beside the spool dir."""
+    """The key of secret fingerprints (outside the database); unset: `ledger-fingerprint.key` in the state directory."""
     # sampling the upstream's /metrics (gateway.sampler, docs/server.md): 0 = off
     server_sample_s: float = 10.0
     server_sample_timeout_s: float = 5.0

@@ -10,11 +10,15 @@ its own part. Tests build the parts directly.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Literal
 
 import msgspec
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-__all__ = ("ENV_PREFIX", "LogSettings", "StorageSettings")
+__all__ = ("ENV_PREFIX", "LogSettings", "StorageSettings", "default_state_dir")
 
 ENV_PREFIX = "LEDGER_"
 
@@ -26,7 +30,11 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """Where the ledger lives and how it is written; signed checkpoints (docs/auditing.md)."""
 
     database_url: str = "sqlite:///./ledger.db"
-    spool_dir: str = "./ledger-spool"
+    state_dir: str = ""
+    """The gateway's own files: the outage spool (`spool/`), the fingerprint and spool keys beside it. Empty:
+    `default_state_dir` (beside a SQLite ledger; per user for PostgreSQL)."""
+    spool_dir: str = ""
+    """The outage spool; empty: `<state_dir>/spool`."""
     batch_max_events: int = 2000
     sqlite_synchronous: SqliteSynchronous = "full"
     # signed checkpoints: off while checkpoint_key is unset
@@ -34,6 +42,29 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     checkpoint_dir: str = "./ledger-checkpoints"
     checkpoint_interval_s: float = 300.0
     checkpoint_origin: str | None = None
+
+    def __post_init__(self) -> None:
+        # derived once, here, so every reader sees the same concrete paths (the struct stays frozen)
+        if not self.state_dir:
+            msgspec.structs.force_setattr(self, "state_dir", str(default_state_dir(self.database_url)))
+        if not self.spool_dir:
+            msgspec.structs.force_setattr(self, "spool_dir", str(Path(self.state_dir) / "spool"))
+
+
+def default_state_dir(database_url: str) -> Path:
+    """Where a gateway keeps its files unless told: `<name>-state/` beside a SQLite ledger `<name>.db`; for
+    any other ledger `$XDG_STATE_HOME/usage-ledger/<host>-<port>-<database>/` (`~/.local/state` by default).
+    Computed only: nothing is created here."""
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        url = None  # reported where the URL is opened
+    if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        ledger = Path(url.database)
+        return ledger.with_name(f"{ledger.stem}-state")
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    name = "-".join(str(part) for part in (url.host, url.port, url.database) if part) if url is not None else ""
+    return base / "usage-ledger" / (name.replace("/", "_") or "default")
 
 
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

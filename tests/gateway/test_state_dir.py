@@ -1,0 +1,133 @@
+"""`ledger serve` keeps its state in one directory (issue #39): the spool and the keys beside a SQLite ledger
+(`<name>-state/`) or in `LEDGER_STATE_DIR`, nothing in the working directory, nothing at all when the port is
+busy, and what an older gateway left in the working directory taken in, never orphaned."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import struct
+import subprocess
+import time
+import zlib
+from pathlib import Path
+
+import httpx
+import msgspec
+
+from tests.gateway import processes
+from tests.gateway.processes import LEDGER, free_port
+from tests.ledger.helpers import call_events
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.spool import SpoolRecord
+
+DEAD_UPSTREAM = "http://127.0.0.1:9"
+
+
+def _serve(
+    cwd: Path, db_url: str, port: int, env: dict[str, str] | None = None, *extra: str
+) -> subprocess.Popen[bytes]:
+    args = [LEDGER, "serve", "--upstream", DEAD_UPSTREAM, "--port", str(port), "--db", db_url, *extra]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_") or k.startswith("LEDGER_TEST_")}
+    return subprocess.Popen(
+        args,
+        cwd=cwd,
+        env={**clean, "LEDGER_LOG_FORMAT": "json", "LEDGER_SERVER_SAMPLE_S": "0", **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _until_up(proc: subprocess.Popen[bytes], port: int) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/_ledger/health", timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("ledger serve did not start")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> str:
+    proc.terminate()
+    return proc.communicate(timeout=60)[0].decode()
+
+
+def _files(directory: Path) -> set[str]:
+    return {str(p.relative_to(directory)) for p in directory.rglob("*")}
+
+
+def test_a_busy_port_stops_the_start_and_creates_nothing(tmp_path: Path) -> None:
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    data.mkdir()
+    db_url = f"sqlite:///{data / 'ledger.db'}"
+    processes.upgrade(db_url)
+    before = _files(data)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _serve(cwd, db_url, port)
+        out = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in out, out
+    assert _files(cwd) == set() and _files(data) == before  # no key, no spool, no state directory
+
+
+def test_the_state_sits_beside_a_sqlite_ledger_and_the_start_line_says_where(tmp_path: Path) -> None:
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    data.mkdir()
+    db_url = f"sqlite:///{data / 'ledger.db'}"
+    processes.upgrade(db_url)
+    port = free_port()
+    proc = _serve(cwd, db_url, port)
+    _until_up(proc, port)
+    out = _stop(proc)
+    state = data / "ledger-state"
+    assert {"ledger-fingerprint.key", "ledger-spool.key", "spool", "spool/events.spool"} <= _files(state)
+    assert _files(cwd) == set(), _files(cwd)
+    listening = next(msgspec.json.decode(line) for line in out.splitlines() if '"gateway_listening"' in line)
+    assert listening["state_dir"] == str(state) and listening["spool"] == str(state / "spool")
+    assert listening["fingerprint_key"] == str(state / "ledger-fingerprint.key")
+    for where, env in (("by-env", {"LEDGER_STATE_DIR": str(tmp_path / "by-env")}), ("by-flag", None)):
+        port = free_port()
+        proc = _serve(cwd, db_url, port, env, *([] if env else ["--state-dir", str(tmp_path / where)]))
+        _until_up(proc, port)
+        _stop(proc)
+        assert (tmp_path / where / "spool" / "events.spool").exists() and _files(cwd) == set()
+
+
+async def test_an_older_gateways_key_and_unreplayed_spool_are_taken_in(tmp_path: Path) -> None:
+    cwd, data = tmp_path / "cwd", tmp_path / "data"
+    cwd.mkdir()
+    data.mkdir()
+    db_url = f"sqlite:///{data / 'ledger.db'}"
+    processes.upgrade(db_url)
+    key = secrets.token_hex(32) + "\n"
+    (cwd / "ledger-fingerprint.key").write_text(key)
+    (cwd / "ledger-fingerprint.key").chmod(0o600)
+    (cwd / "ledger-spool").mkdir()
+    body = msgspec.msgpack.encode(SpoolRecord(events=call_events(1)))  # as older gateways wrote it: not keyed
+    (cwd / "ledger-spool" / "events.spool").write_bytes(struct.pack(">II", len(body), zlib.crc32(body)) + body)
+    port = free_port()
+    proc = _serve(cwd, db_url, port)
+    _until_up(proc, port)
+    out = _stop(proc)
+    state = data / "ledger-state"
+    assert (state / "ledger-fingerprint.key").read_text() == key
+    assert _files(cwd) == set(), _files(cwd)
+    assert '"fingerprint_key_moved"' in out and '"spool_moved"' in out and '"spool_unkeyed_records_replayed"' in out
+    assert await _streams(db_url) == {e.stream for e in call_events(1)}  # replayed from where it was taken
+
+
+async def _streams(db_url: str) -> set[str]:
+    database = open_database(db_url)
+    try:
+        return {e.stream async for e in iter_events(database)}
+    finally:
+        await database.dispose()
