@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 
 from usage_ledger.gateway.encoding import UnreadableBody
-from usage_ledger.gateway.errors import GatewayError, UpstreamError
+from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers, recorded_headers
 from usage_ledger.gateway.inspect import (
@@ -353,7 +353,11 @@ class Call:
         out_headers = [*plan.headers, *self._extra_headers()]
         self.started()
         if self.started_durable is not None:
-            await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
+            try:
+                await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
+            except NotRecorded:
+                await self._refuse_unrecorded(response, client)
+                return
         await client.start(response.status, out_headers)
         try:
             send, feed = client.send, relay.feed
@@ -385,6 +389,19 @@ class Call:
         self.client_bytes += len(tail)
         await client.end(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
+
+    async def _refuse_unrecorded(self, response: UpstreamResponse, client: Responder) -> None:
+        """Strict, and the call's start is durable nowhere: cancel the upstream request and answer 503 before
+        any byte of its response, counted in the metrics (the writer's health says why)."""
+        await _close_quietly(response)
+        self.metrics.refused_unrecorded += 1
+        self.status = LedgerUnavailable.status
+        self.done = True
+        error = LedgerUnavailable(
+            "the ledger cannot record this call now (database and spool both failed); "
+            f"retry after {LedgerUnavailable.retry_after_s} s"
+        )
+        await client.json(error.status, error.body(), [(b"retry-after", str(error.retry_after_s).encode())])
 
     def _read_tail(self) -> None:
         """A whole body too large to keep: its usage read from its last bytes (`gateway.kept`)."""

@@ -5,6 +5,7 @@
     ├── BodyTooLarge             413  the request body exceeds `max_body_bytes`
     ├── RequestTimeout           408  the request head or body did not arrive in time (`gateway.limits`)
     ├── GatewayBusy              503  at the connection cap, or the request-body budget is full
+    ├── LedgerUnavailable        503  strict durability: the call's start is durable nowhere (Retry-After)
     └── UpstreamError            base of what went wrong talking to the upstream
         ├── UpstreamUnreachable  502  connection refused / DNS / connect failure
         ├── UpstreamTimeout      504  no answer (connect, headers or body) within the timeout
@@ -22,6 +23,7 @@ __all__ = (
     "GatewayBusy",
     "GatewayError",
     "InvalidLedgerHeader",
+    "LedgerUnavailable",
     "RequestTimeout",
     "UpstreamError",
     "UpstreamReset",
@@ -67,6 +69,13 @@ class GatewayBusy(GatewayError):
     status = 503
     kind = "server_error"
     code = "gateway_busy"
+
+
+class LedgerUnavailable(GatewayError):
+    status = 503
+    kind = "server_error"
+    code = "ledger_unavailable"
+    retry_after_s = 5
 
 
 class UpstreamError(GatewayError):

@@ -55,6 +55,7 @@ class Metrics:
     completion_tokens: int = 0
     response_bytes: int = 0
     record_failures: int = 0
+    refused_unrecorded: int = 0
     usage_injected: int = 0
     usage_sources: Counter[str] = field(default_factory=Counter)
     """Recorded calls by where their token counts came from (`ledger.events.UsageSource`)."""
@@ -113,6 +114,12 @@ class Metrics:
                 "counter",
                 self.record_failures,
                 "Calls whose final event is durable nowhere (strict: not completed to the client).",
+            ),
+            (
+                "ledger_gateway_calls_refused_unrecorded_total",
+                "counter",
+                self.refused_unrecorded,
+                "Strict: 503 ledger_unavailable, the call's start durable nowhere (upstream cancelled).",
             ),
             ("ledger_writer_queue_depth", "gauge", queue_depth, "Event batches waiting for the writer."),
             ("ledger_writer_committed_events_total", "counter", committed, "Events committed."),

@@ -8,15 +8,16 @@ so a call whose response began reaching the client survives a crash as started-n
 awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
 commit in the `EventWriter` batches concurrent calls into one transaction.
 
-When strict and the final event cannot be made durable anywhere (database and spool both fail,
-e.g. one full disk), `finish()` raises `NotRecorded`: the call must not end as if it were
-recorded, so the proxy drops the connection before the last bytes (docs/operations.md).
+When strict and `call.started` cannot be made durable anywhere (database and spool both fail, e.g. one
+full disk), `until_durable` raises `NotRecorded`: no byte of the response has gone out, so the proxy cancels
+the upstream request and answers 503 `ledger_unavailable`. When the final event cannot be, `finish()` raises
+it: the call must not end as if it were recorded, so the proxy drops the connection before the last bytes
+(docs/operations.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import time
@@ -75,10 +76,16 @@ class Recorder:
         return future
 
     async def until_durable(self, future: asyncio.Future[Durable]) -> None:
-        """With strict durability, wait for a submitted event (its failure is logged by `_check`)."""
-        if self.strict and not future.done():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(future)
+        """With strict durability, wait for a submitted event; `NotRecorded` if it is durable nowhere (neither
+        committed nor spooled: its failure is logged and counted by `_check`)."""
+        if not self.strict:
+            return
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise NotRecorded(str(exc)) from exc
 
     async def finish(
         self, event: CallFinished | CallFailed, body: bytes | None, gaps: bytes | None = None, *, wait: bool = True

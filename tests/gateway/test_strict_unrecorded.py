@@ -1,0 +1,57 @@
+"""Strict durability never sends a response for a call whose start is durable nowhere (red team, round three:
+with the database and the spool on a full disk, 861 of 868 calls got their 200 and every chunk unrecorded).
+
+The start still commits while the upstream works; when it cannot be made durable, the upstream request is
+cancelled and the client gets 503 `ledger_unavailable` with Retry-After, before any byte of the upstream's
+answer; the metrics count it and health says why. `--durability async` keeps proxying."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.gateway.conftest import Rig, make_settings
+from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.errors import SpoolWriteFailed
+
+UNREACHABLE = "postgresql://postgres@127.0.0.1:1/nowhere"
+CHAT = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": true}'
+
+
+def _nowhere_to_record(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The database gone and the spool's disk full."""
+    monkeypatch.setattr(rig.writer, "database", open_database(UNREACHABLE, null_pool=True))
+
+    def full(_record: Any) -> None:
+        raise SpoolWriteFailed("spool: write failed (No space left on device); the record was not kept")
+
+    assert rig.writer.spool is not None
+    monkeypatch.setattr(rig.writer.spool, "write", full)
+
+
+async def test_an_unrecordable_start_is_a_503_before_any_byte(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    rig.upstream.delay_s = 0.01  # a stream long enough to be cancelled
+    _nowhere_to_record(rig, monkeypatch)
+    resp = await rig.client.post("/v1/chat/completions", content=CHAT, headers={"content-type": "application/json"})
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "ledger_unavailable" and resp.headers["retry-after"] == "5"
+    assert "x-ledger-call-id" not in resp.headers and b"data:" not in resp.content
+    assert len(rig.upstream.requests) == 1  # forwarded at once: the start's commit overlaps the upstream's work
+    metrics = (await rig.client.get("/_ledger/metrics")).text
+    assert "ledger_gateway_calls_refused_unrecorded_total 1" in metrics
+    health = await rig.client.get("/_ledger/health")
+    assert health.status_code == 503 and "events cannot be recorded" in " ".join(health.json()["reasons"])
+    monkeypatch.undo()  # room again: calls are recorded and answered
+    ok = await rig.client.post("/v1/chat/completions", content=CHAT, headers={"content-type": "application/json"})
+    assert ok.status_code == 200 and ok.headers["x-ledger-call-id"]
+
+
+@pytest.mark.parametrize("settings", [make_settings(durability="async")])
+async def test_async_durability_keeps_proxying(
+    rig: Rig, settings: GatewaySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _nowhere_to_record(rig, monkeypatch)
+    resp = await rig.client.post("/v1/chat/completions", content=CHAT, headers={"content-type": "application/json"})
+    assert resp.status_code == 200 and b"data: [DONE]" in resp.content
