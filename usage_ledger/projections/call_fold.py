@@ -12,7 +12,6 @@ goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids ar
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -20,7 +19,6 @@ import msgspec
 from usage_ledger.ledger.events import CallImported, CallRetagged
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
 from usage_ledger.projections.call_rules import (
-    DURATIONS,
     FAILED_END_STATUS,
     NO_END_STATUS,
     NO_USAGE,
@@ -87,18 +85,14 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return (later - earlier).total_seconds()
 
 
-_SPANS = tuple((attrgetter(later), attrgetter(earlier)) for _, later, earlier in DURATIONS)
-"""Each duration's later and earlier moment, read from a row, in `DURATIONS`' order."""
-assert [name for name, _, _ in DURATIONS] == ["elapsed_s", "ttft_s", "decode_s"], "the order _derive unpacks"
-
-
 def _derive(row: CallRow) -> CallRow:
-    elapsed_s, ttft_s, decode_s = [_seconds(later(row), earlier(row)) for later, earlier in _SPANS]
-    row.elapsed_s = elapsed_s
+    """The row's durations and rates, from its moments and tokens."""
+    started, first = row.started_at, row.first_token_at
+    row.elapsed_s = _seconds(row.ended_at, started)
     if row.origin == "gateway":  # an import brings its own
-        row.ttft_s = ttft_s
+        row.ttft_s = _seconds(first, started)
     row.prefill_tps = prefill_tps(row.input_tokens, row.ttft_s)
-    row.decode_tps = decode_tps(row.output_tokens, decode_s)
+    row.decode_tps = decode_tps(row.output_tokens, _seconds(row.last_token_at, first))
     return row
 
 
