@@ -141,7 +141,7 @@ _extras = st.lists(
 )
 
 
-def _bulk_batch(
+def _varied_batch(
     plain: list[tuple[str, str | None, float, int, int]], extras: list[tuple[str, int, float, int]], salt: int
 ) -> list[NewEvent]:
     batch: list[NewEvent] = []
@@ -196,7 +196,7 @@ async def test_varied_calls_rebuilt_to_a_head_digest_equal_incremental(
 ) -> None:
     """Plain calls among unusual ones, folded in one pass up to a head: the incremental rows, checkpoint = head."""
     salt = next(_serial)
-    batch = _bulk_batch(plain, extras, salt)
+    batch = _varied_batch(plain, extras, salt)
     version = 1000 + 2 * salt  # from position 0: earlier examples' events are in both versions
     start = 0
     for cut in sorted({min(s, len(batch)) for s in splits} | {len(batch)}):

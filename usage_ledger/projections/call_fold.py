@@ -5,7 +5,8 @@
   never arrived);
 - `call.retagged` changes run and tags of an existing row (history is never touched).
 
-The rules each value follows are `call_rules`' (shared with the bulk rebuild's SQL, `call_sql`). Client text
+This is the only definition of a call's row: the follower and a rebuild both run it (`engine.catch_up`).
+The rules each value follows are `call_rules`' plain functions, which the readers call too. Client text
 goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
 """
 
