@@ -75,6 +75,7 @@ class CallRow(msgspec.Struct, kw_only=True, gc=False):
     response_blob: str | None = None
     retags: int = 0
     last_position: int = 0
+    finish_reason: str | None = None
 
 
 assert CallRow.__struct_fields__ == tuple(c.name for c in calls.columns), "CallRow's fields are the table's columns"
@@ -112,13 +113,22 @@ def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
     counts = spec_decode_counts(metrics.speculative_decoding) if metrics is not None else None
     row.spec_draft_tokens, row.spec_accepted_tokens, row.spec_steps = counts or (None, None, None)
     if isinstance(ev, SFinished):
+        row.finish_reason = _finish_reason(ev.finish_reasons, ev.finish_choices)
         row.http_status = ev.status
         row.status = finished_status(ev.status)
         row.failure_reason = None
     else:
+        row.finish_reason = None
         row.http_status = ev.client_status
         row.status = FAILED_END_STATUS
         row.failure_reason = ev.reason
+
+
+def _finish_reason(reasons: list[str], choices: list[int | None]) -> str | None:
+    """Choice 0's reason where the event says which choice each came from, else (older events) the first."""
+    if choices:
+        return next((projection_text(r) for r, i in zip(reasons, choices, strict=False) if i == 0), None)
+    return projection_text(reasons[0]) if reasons else None
 
 
 def _tagged(row: CallRow, tags: dict[str, str]) -> None:
@@ -153,6 +163,7 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
             ttft_s=ev.ttft_s,
             input_tokens=ev.input_tokens,
             output_tokens=ev.output_tokens,
+            finish_reason=projection_text_or_none(ev.finish_reason),
         )
         _tagged(row, projection_tags(ev.tags))
         if ev.ttft_s is not None:

@@ -13,6 +13,7 @@ __all__ = (
     "NO_END_STATUS",
     "NO_USAGE",
     "SPEC_DECODE_KEYS",
+    "TRUNCATED_REASONS",
     "decode_rate_note",
     "decode_tps",
     "ended_at",
@@ -37,6 +38,11 @@ CALL_STATUSES = ("ok", *FAILED_STATUSES, NO_END_STATUS)
 NO_USAGE = "absent"
 """The `usage_source` of a call without usage: the events' own default (`ledger.events`), and a row's
 without an end. Its tokens are then 0, never invented."""
+
+
+TRUNCATED_REASONS = ("length", "max_output_tokens")
+"""The finish reasons of an answer cut at its token limit: chat and completions' `length`, the Responses
+API's `incomplete_details.reason` `max_output_tokens`. A batch that parses answers loses what was cut."""
 
 
 def finished_status(http_status: int) -> str:
