@@ -10,20 +10,20 @@ each carries vLLM's per-request `metrics` block with its `speculative_decoding` 
 
 - scan (iter_events): every event through the ledger's reader (what any consumer must pay);
 - scan (raw columns): SELECT position, type, payload over the whole table;
-- rebuild: `rebuild_projection("calls")` from position 0 into a new version (bulk SQL load up to
-  the head, catch-up of anything later), digest, promote;
-- with `--fold`, the follower's path: `catch_up` from position 0 into a further version (the Python
-  fold for every call, no bulk SQL), whose digest must equal the rebuild's; the version is dropped after;
+- rebuild: `rebuild_projection("calls")` from position 0 into a new version (the follower's fold over
+  every event, pages by position range, rows written a page at a time), digest, promote; its wall
+  seconds and CPU seconds (this process's threads and its children: on a shared box the CPU time says
+  what the work cost when the wall time says how long others made it wait);
 
-and peak RSS: of this process, and of the largest child process (the SQLite rebuild runs its JSON
-scans and half of its digest in child processes). Prints a Markdown row for docs/BENCHMARKS.md.
+and peak RSS: of this process, and of the largest child process (half of a big SQLite digest is
+encoded by a child). Prints the digest (equal events give an equal digest, however the rows were
+built) and a Markdown row for docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import resource
 import sys
 import time
@@ -38,13 +38,12 @@ from sqlalchemy import select
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, PreparedBlob
 from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
-from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.engine import catch_up, projection_named, write_checkpoint
-from usage_ledger.projections.rebuild import drop_version, rebuild_projection
+from usage_ledger.projections.rebuild import rebuild_projection
 
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
@@ -143,7 +142,6 @@ async def main() -> None:
     parser.add_argument(
         "--spec-blocks", action="store_true", help="each call.finished carries vLLM's per-request block"
     )
-    parser.add_argument("--fold", action="store_true", help="also time the Python fold over every call (catch_up)")
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -187,43 +185,28 @@ async def main() -> None:
         after = rows[-1][0]
     raw = time.perf_counter() - t
 
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _cpu_seconds()
     promoted = await rebuild_projection(database, "calls")
-    rebuild = time.perf_counter() - t
+    rebuild, rebuild_cpu = time.perf_counter() - t, _cpu_seconds() - cpu
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    fold = await _time_fold(database, promoted.version + 1, promoted.digest) if args.fold else None
     await database.dispose()
     backend = database.backend
     print(f"events {head:,} (scanned {n:,}/{m:,}); digest {promoted.digest[:12]}", file=sys.stderr)
     print(
-        "| backend | calls | events | scan iter_events s | scan raw s | rebuild s | rebuild/scan | rebuild/raw "
-        "| peak RSS MB | peak RSS child MB |"
+        "| backend | calls | events | scan iter_events s | scan raw s | rebuild s | rebuild CPU s | rebuild/scan "
+        "| rebuild/raw | peak RSS MB | peak RSS child MB |"
     )
     print(
-        f"| {backend} | {args.calls:,} | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild / scan:.2f} | "
-        f"{rebuild / raw:.2f} | {rss_mb:.0f} | {child_rss_mb:.0f} |"
+        f"| {backend} | {args.calls:,} | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild_cpu:.1f} | "
+        f"{rebuild / scan:.2f} | {rebuild / raw:.2f} | {rss_mb:.0f} | {child_rss_mb:.0f} |"
     )
-    if fold is not None:
-        print(f"fold (catch_up from 0, every call in Python): {fold:.2f} s; digest equal to the rebuild's")
-    _ = os
 
 
-async def _time_fold(database: Database, version: int, digest: str) -> float:
-    """Seconds to fold every event into `version` as the follower does; its digest must be `digest`."""
-    projection = projection_named("calls")
-    async with database.engine.begin() as conn:
-        await projection.table.drop(conn, version)
-        await write_checkpoint(conn, "calls", version, 0)
-    t = time.perf_counter()
-    await catch_up(database, "calls", version)
-    seconds = time.perf_counter() - t
-    async with database.engine.begin() as conn:
-        folded = await projection.digest(conn, version)
-        await drop_version(conn, "calls", version)
-    if folded != digest:
-        raise SystemExit(f"the fold's digest {folded[:12]} differs from the rebuild's {digest[:12]}")
-    return seconds
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 if __name__ == "__main__":

@@ -43,7 +43,9 @@ async def test_non_stream_bytes_and_events(rig: Rig) -> None:
         started.request_headers
     )
     assert finished.status == 200 and finished.usage is not None and finished.usage.completion_tokens == 3
-    assert finished.usage_source == "reported" and finished.finish_reasons == ["stop"]
+    assert (
+        finished.usage_source == "reported" and finished.finish_reasons == ["stop"] and finished.finish_choices == [0]
+    )
     assert finished.upstream_request_id == "req-abc"
 
 
@@ -59,7 +61,7 @@ async def test_stream_usage_injected_and_removed(rig: Rig, split: int) -> None:
     assert isinstance(finished, CallFinished)
     assert finished.usage_source == "injected" and finished.usage is not None
     assert finished.usage.completion_tokens == 5 and finished.chunk_count == 6
-    assert finished.finish_reasons == ["length"]
+    assert finished.finish_reasons == ["length"] and finished.finish_choices == [0]
 
 
 async def test_stream_with_usage_requested_passes_through(rig: Rig) -> None:

@@ -176,6 +176,9 @@ async def test_the_client_gets_what_vllm_sent_and_the_ledger_its_usage(
         assert final.usage_source == ("reported" if served is transcript else "injected")
     assert final.request_metrics == expected_metrics(served)
     assert final.system_fingerprint == expected_fingerprint(served)
+    # each finish reason with the choice it came from: the calls row takes choice 0's
+    assert len(final.finish_choices) == len(final.finish_reasons)
+    assert not final.finish_reasons or 0 in final.finish_choices
 
 
 STREAMS = [t for t in TRANSCRIPTS if t.is_sse]

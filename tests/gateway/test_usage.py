@@ -69,6 +69,7 @@ def test_chat_body() -> None:
     info = inspect_response(_b(CHAT))
     assert info.usage == Usage(prompt_tokens=12, completion_tokens=30, total_tokens=42)
     assert info.finish_reasons == ("length",) and info.request_id == "chatcmpl-1" and info.metrics is None
+    assert info.finish_choices == (0,)
 
 
 def test_a_metrics_block_with_objects_and_nulls_keeps_the_usage_and_is_kept_whole() -> None:
@@ -81,7 +82,7 @@ def test_a_metrics_block_with_objects_and_nulls_keeps_the_usage_and_is_kept_whol
 def test_responses_api_body() -> None:
     info = inspect_response(_b(RESPONSES))
     assert info.usage == Usage(prompt_tokens=9, completion_tokens=16, total_tokens=25, cached_tokens=0)
-    assert info.finish_reasons == ("max_output_tokens",)
+    assert info.finish_reasons == ("max_output_tokens",) and info.finish_choices == (0,)
 
 
 def test_embeddings_body() -> None:
@@ -150,7 +151,9 @@ def test_n_choices_count_each_delta_and_finish_reason() -> None:
         {"index": 1, "delta": {"content": "b"}, "finish_reason": None},
     ]
     info = inspect_chunk(_b({"choices": choices}))
-    assert info.tokens == 2 and info.finish_reasons == ("stop",)
+    assert info.tokens == 2 and info.finish_reasons == ("stop",) and info.finish_choices == (0,)
+    later = inspect_chunk(_b({"choices": [{"index": 1, "delta": {}, "finish_reason": "length"}]}))
+    assert later.finish_reasons == ("length",) and later.finish_choices == (1,)
 
 
 def test_a_chunk_with_odd_members_still_gives_its_usage_and_metrics() -> None:

@@ -34,6 +34,8 @@ def finished(
     status: int = 200,
     ttft: float = 0.5,
     request_metrics: dict[str, Any] | None = None,
+    reasons: tuple[str, ...] = (),
+    choices: tuple[int | None, ...] = (),
 ) -> NewEvent:
     timings = Timings(
         received=at(t0),
@@ -50,6 +52,8 @@ def finished(
         usage_source="reported",
         timings=timings,
         request_metrics=request_metrics,
+        finish_reasons=list(reasons),
+        finish_choices=list(choices),
     )
     return new_event(body, stream=f"call-{call_id}", occurred_at=at(t1))
 

@@ -56,7 +56,7 @@ def test_import_and_rebuild_draw_their_progress_bars_on_a_terminal(backend_url: 
 
     code, out = on_terminal("rebuild", "--db", backend_url)
     assert code == 0, out
-    for step in ("reading events", "writing version", "catching up", "digest and promotion of version"):
+    for step in ("folding events into version", "digest and promotion of version"):
         assert f"rebuild calls: {step}" in out  # each step shown as it began
     assert "Traceback" not in out
 

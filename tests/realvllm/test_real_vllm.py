@@ -46,6 +46,7 @@ from tests.realvllm.servers import (
     missing_vllm_message,
     vllm_required,
 )
+from usage_ledger.ledger.events import CallFinished
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -110,6 +111,18 @@ def embedded(stack: Stack) -> Batch:
     return run_batch(stack, "embeddings-basic", stack.cases("embeddings", "embeddings_batch", "embeddings_base64"))
 
 
+def sent_finish_reason(body: bytes) -> str:
+    """Choice 0's `finish_reason` in a chat body or stream as the client received it."""
+    if not body.startswith(b"data:"):
+        return str(json.loads(body)["choices"][0]["finish_reason"])
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: {"):
+            for choice in json.loads(line[6:]).get("choices") or ():
+                if choice.get("index") == 0 and choice.get("finish_reason") is not None:
+                    return str(choice["finish_reason"])
+    raise AssertionError("no finish_reason in the stream")
+
+
 class GenerateTier:
     """Every generation configuration runs these; subclasses name the configuration."""
 
@@ -123,6 +136,14 @@ class GenerateTier:
 
     def test_basic_usage_as_sent(self, basic: Batch) -> None:
         assert_usage_as_sent(basic)
+
+    def test_basic_finish_reasons_as_sent(self, basic: Batch) -> None:
+        """Choice 0's finish reason as the gateway's client received it, non-stream and stream alike."""
+        for case in ("chat", "chat_stop", "chat_stream"):
+            exchange = next(e for e in basic.exchanges if e.case.name == case)
+            end = basic.call(case).end
+            assert isinstance(end, CallFinished)
+            assert end.finish_reasons == [sent_finish_reason(exchange.gateway.body)] and end.finish_choices == [0], case
 
     def test_responses_bytes(self, responses: Batch) -> None:
         assert_same_bytes(responses)

@@ -38,10 +38,13 @@ async def test_the_endpoints_give_the_reports_figures(seeded: Database) -> None:
 
         run = (await client.get("/_ledger/ui/api/run", params={"run": "moe-a"})).json()
         assert run["run"]["calls"] == MOE_CALLS and not run["live"]
+        assert run["run"]["truncated_calls"] is None  # the seed's calls say no finish reason
         assert sum(run["ttft"]["counts"]) == MOE_CALLS and run["ttft"]["edges"][0] == pytest.approx(0.2)
         assert [t["calls"] for t in run["tickers"]] == [3, 3]
         assert run["server"]["kv_cache_usage"] == [0.0, 0.4, 0.1]
         assert (await client.get("/_ledger/ui/api/run", params={"run": "nope"})).status_code == 404
+        page = await client.get("/_ledger/ui/run", params={"run": "moe-a"})
+        assert 'data-field="truncated_calls"' in page.text
 
         eras = (await client.get("/_ledger/ui/api/eras")).json()
         assert sorted(eras["eras"]) == ["batch_aggregate", "per_call_mean"] and eras["groups"] == ["a100", "h100"]

@@ -62,6 +62,7 @@ _COMPACT: dict[str, tuple[str, ...]] = {
     "RunRow": (
         "run",
         "calls",
+        "truncated_calls",
         "input_tokens",
         "output_tokens",
         "wall_s",
@@ -92,7 +93,7 @@ _COMPACT: dict[str, tuple[str, ...]] = {
 }
 # columns of the compact set shown only where some row has a value (the server block: where sampled)
 _OPTIONAL: dict[str, frozenset[str]] = {
-    "RunRow": frozenset({"server.spec_decode_acceptance_rate", "server.reconciled"}),
+    "RunRow": frozenset({"truncated_calls", "server.spec_decode_acceptance_rate", "server.reconciled"}),
 }
 
 # Means of counts (`report daily --weekday-mean`) are whole numbers in tables; JSON and CSV keep the exact mean.
@@ -143,6 +144,7 @@ def parse_columns(text: str | None) -> list[str] | None:
 _SHORT = {
     "failed_calls": "failed",
     "incomplete_calls": "incomplete",
+    "truncated_calls": "truncated",
     "input_tokens": "input",
     "output_tokens": "output",
     "throughput_tps": "tok/s",

@@ -200,6 +200,7 @@ class Call:
                 usage_source=source,
                 usage_detail=detail,
                 finish_reasons=seen.reasons,
+                finish_choices=seen.reason_choices,
                 chunk_count=seen.chunk_count,
                 chunk_gaps_blob=gaps_digest,
                 timings=timings,

@@ -53,6 +53,8 @@ class Observed:
         self.deltas = 0
         """Content deltas seen (choices with generated text): the count of last resort."""
         self.reasons: list[str] = []
+        self.reason_choices: list[int | None] = []
+        """The choice index of each of `reasons`."""
         self.chunk_count = 0
         self.stream_error = False
         self.request_metrics: dict[str, Any] | None = None
@@ -106,6 +108,7 @@ class Observed:
         self.usage_final = described.usage is not None
         self.usage_problem = described.usage_problem
         self.reasons = list(described.finish_reasons)
+        self.reason_choices = list(described.finish_choices)
         self.request_metrics = described.metrics
         self.system_fingerprint = described.system_fingerprint
         self.request_id = described.request_id
@@ -167,6 +170,7 @@ class Observed:
                 self.usage_problem = info.usage_problem
             if info.finish_reasons:
                 self.reasons.extend(info.finish_reasons)
+                self.reason_choices.extend(info.finish_choices)
             if info.error:
                 self.stream_error = True
             if info.metrics is not None:

@@ -17,6 +17,7 @@ understood is reported as a problem (`usage_problem`), never as "no usage".
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -114,6 +115,7 @@ class _Delta(msgspec.Struct):
 
 
 class _Choice(msgspec.Struct):
+    index: int | None = None
     delta: _Delta | None = None
     text: str | None = None
     finish_reason: str | None = None
@@ -169,6 +171,8 @@ class ChunkInfo(msgspec.Struct, frozen=True):
     tokens: int = 0
     """Choices (or Responses API deltas) in this chunk that carry generated text."""
     finish_reasons: tuple[str, ...] = ()
+    finish_choices: tuple[int | None, ...] = ()
+    """The index of the choice each of `finish_reasons` came from (a Responses API answer: 0)."""
     error: bool = False
     terminal: bool = False
     """A Responses API event that ends the response (the stream has no `[DONE]`)."""
@@ -193,6 +197,15 @@ def _choice_tokens(choices: list[_Choice]) -> tuple[int, tuple[str, ...]]:
         if choice.finish_reason is not None:
             reasons = (*reasons, choice.finish_reason)
     return tokens, reasons
+
+
+def _finish_choices(
+    choices: Sequence[_Choice | _MessageChoice] | None, reasons: tuple[str, ...]
+) -> tuple[int | None, ...]:
+    """The choice index of each finish reason: from the choices, else (the Responses API: one answer) 0."""
+    if choices:
+        return tuple(c.index for c in choices if c.finish_reason is not None)
+    return (0,) * len(reasons)
 
 
 def _response_reason(response: _ResponseBody) -> tuple[str, ...]:
@@ -257,6 +270,7 @@ def _chunk_info(
         per_choice_usage=present and bool(choices),
         tokens=tokens,
         finish_reasons=reasons,
+        finish_choices=_finish_choices(choices, reasons),
         error=error or kind in ("error", "response.failed"),
         terminal=terminal,
         metrics=_read_metrics(metrics_raw),
@@ -301,6 +315,7 @@ def _lenient(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
 
 
 class _MessageChoice(msgspec.Struct):
+    index: int | None = None
     finish_reason: str | None = None
 
 
@@ -334,6 +349,8 @@ class ResponseInfo(msgspec.Struct, frozen=True):
     usage: Usage | None = None
     usage_problem: str = ""
     finish_reasons: tuple[str, ...] = ()
+    finish_choices: tuple[int | None, ...] = ()
+    """As `ChunkInfo.finish_choices`."""
     metrics: dict[str, Any] | None = None
     system_fingerprint: str | None = None
 
@@ -358,6 +375,7 @@ def inspect_response(body: bytes) -> ResponseInfo:
         usage=usage,
         usage_problem=problem,
         finish_reasons=reasons,
+        finish_choices=_finish_choices(resp.choices, reasons),
         metrics=_read_metrics(resp.metrics),
         system_fingerprint=_lenient(_str_decoder, resp.system_fingerprint),
     )
@@ -379,6 +397,7 @@ def _inspect_odd_response(body: bytes) -> ResponseInfo:
         usage=usage,
         usage_problem=problem,
         finish_reasons=reasons,
+        finish_choices=_finish_choices(choices, reasons),
         metrics=_read_metrics(raw.metrics),
         system_fingerprint=_lenient(_str_decoder, raw.system_fingerprint),
     )

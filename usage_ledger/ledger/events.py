@@ -123,6 +123,7 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     usage: Usage | None = None
     usage_source: UsageSource = "absent"
     finish_reasons: list[str] = []
+    """Each choice's finish reason in arrival order (the Responses API: `incomplete_details.reason`, else its status)."""
     chunk_count: int = 0
     timings: Timings
     vllm_metrics: dict[str, float] | None = None
@@ -151,6 +152,9 @@ class CallFinished(msgspec.Struct, frozen=True, kw_only=True, tag="call.finished
     system_fingerprint: str | None = None
     """The response's `system_fingerprint`: vLLM (0.32) derives it from its whole engine config, once
     at start-up, and sends it on non-streamed responses only. None: not sent, or recorded before this field."""
+    finish_choices: list[int | None] = []
+    """The index of the choice each of `finish_reasons` came from, in the same order (the Responses API's
+    one answer: 0); empty in events written before it was recorded."""
 
 
 class CallFailed(msgspec.Struct, frozen=True, kw_only=True, tag="call.failed"):
@@ -185,6 +189,8 @@ class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported
     model: str | None = None
     ttft_s: float | None = None
     status: Literal["ok", "error"] = "ok"
+    finish_reason: str | None = None
+    """The source's finish reason for the call (`stop`, `length`, …), when it has one."""
 
 
 class CallRetagged(msgspec.Struct, frozen=True, kw_only=True, tag="call.retagged"):

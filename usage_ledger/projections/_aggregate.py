@@ -15,7 +15,7 @@ from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.call_rules import FAILED_STATUSES, NO_END_STATUS
+from usage_ledger.projections.call_rules import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS
 from usage_ledger.projections.formulas import RunStats
 from usage_ledger.projections.server import SpecBlocks
 from usage_ledger.projections.tables import calls
@@ -40,12 +40,16 @@ class RunAcc:
         "output",
         "rate_calls",
         "rate_sum",
+        "reasoned",
         "spec",
         "tickers",
+        "truncated",
     )
 
     def __init__(self) -> None:
         self.calls = self.failed = self.incomplete = self.input = self.output = self.rate_calls = 0
+        self.reasoned = self.truncated = 0
+        """Calls with a finish reason; of those, cut at their token limit (`call_rules.TRUNCATED_REASONS`)."""
         self.rate_sum = 0.0
         self.first_start: datetime | None = None
         self.last_start: datetime | None = None
@@ -62,6 +66,10 @@ class RunAcc:
         if not ok or calls != ok:
             return None
         return SpecBlocks(calls=calls, draft_tokens=draft, accepted_tokens=accepted, steps=steps)
+
+    def truncated_calls(self) -> int | None:
+        """Calls whose answer was cut; None when no call of the run says how it finished."""
+        return self.truncated if self.reasoned else None
 
     def stats(self) -> RunStats:
         return RunStats(
@@ -120,6 +128,8 @@ async def _tagged(
             func.sum(_rate()),
             cast(func.count(_rate()), Integer),
             *_spec_sums(),
+            cast(func.count(calls.c.finish_reason), Integer),
+            _int_sum(case((calls.c.finish_reason.in_(TRUNCATED_REASONS), 1), else_=0)),
         )
         .where(*where)
         .group_by(calls.c.run)
@@ -131,6 +141,7 @@ async def _tagged(
         acc.first_start, acc.last_start, acc.last_end = r[6], r[7], r[8]
         acc.rate_sum, acc.rate_calls = float(r[9] or 0.0), int(r[10])
         acc.spec = [int(v) for v in r[11:15]]
+        acc.reasoned, acc.truncated = int(r[15]), int(r[16])
     if not runs:
         return runs
     models = select(calls.c.run, calls.c.model, func.count()).where(*where).group_by(calls.c.run, calls.c.model)
@@ -175,6 +186,7 @@ async def _untagged(
             c.model,
             chosen,
             *_SPEC_COLUMNS,
+            c.finish_reason,
         )
         .where(c.version == version, c.run.is_(None))
         .order_by(c.started_at, c.call_id)
@@ -186,7 +198,7 @@ async def _untagged(
     horizon: datetime | None = None
     result = await conn.stream(query)
     async for part in result.partitions(5000):
-        for started, ended, status, tin, tout, elapsed, ticker, model, keep, draft, accepted, steps in part:
+        for started, ended, status, tin, tout, elapsed, ticker, model, keep, draft, accepted, steps, reason in part:
             if horizon is None or (started - horizon).total_seconds() > run_gap_s:
                 name = auto_name(started)
                 while name in names:
@@ -220,6 +232,9 @@ async def _untagged(
                     spec[1] += draft
                     spec[2] += accepted
                     spec[3] += steps
+            if reason is not None:
+                acc.reasoned += 1
+                acc.truncated += reason in TRUNCATED_REASONS
             acc.models[model] = acc.models.get(model, 0) + 1
             if ticker is not None:
                 t = acc.tickers.setdefault(ticker, [0, 0, 0])

@@ -26,6 +26,7 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("calls", "calls"),
             ("failed_calls", "failed calls"),
+            ("truncated_calls", "truncated calls"),
             ("tickers", "tickers"),
             ("input_tokens", "input tokens"),
             ("output_tokens", "output tokens"),

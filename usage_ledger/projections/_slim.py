@@ -53,6 +53,8 @@ class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
     usage: SUsage | None = None
     usage_source: str = NO_USAGE
     request_metrics: SRequestMetrics | None = None
+    finish_reasons: list[str] = []
+    finish_choices: list[int | None] = []
 
 
 class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):

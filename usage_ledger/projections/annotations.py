@@ -57,8 +57,13 @@ class AnnotationsProjection:
     table = RowTable(annotations_table)
 
     async def fold(
-        self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]
+        self,
+        conn: AsyncConnection,
+        version: int,
+        page: Sequence[tuple[int, str, str]],
+        unwritten: Sequence[msgspec.Struct] = (),
     ) -> list[AnnotationRow]:
+        """A row per `run.annotated` event (each its own: nothing continues an earlier row)."""
         rows = []
         for position, type_, payload in page:
             if type_ != "run.annotated":

@@ -5,14 +5,14 @@
   never arrived);
 - `call.retagged` changes run and tags of an existing row (history is never touched).
 
-The rules each value follows are `call_rules`' (shared with the bulk rebuild's SQL, `call_sql`). Client text
+This is the only definition of a call's row: the follower and a rebuild both run it (`engine.catch_up`).
+The rules each value follows are `call_rules`' plain functions, which the readers call too. Client text
 goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -20,7 +20,6 @@ import msgspec
 from usage_ledger.ledger.events import CallImported, CallRetagged
 from usage_ledger.projections._slim import SFailed, SFinished, SStarted
 from usage_ledger.projections.call_rules import (
-    DURATIONS,
     FAILED_END_STATUS,
     NO_END_STATUS,
     NO_USAGE,
@@ -76,6 +75,7 @@ class CallRow(msgspec.Struct, kw_only=True, gc=False):
     response_blob: str | None = None
     retags: int = 0
     last_position: int = 0
+    finish_reason: str | None = None
 
 
 assert CallRow.__struct_fields__ == tuple(c.name for c in calls.columns), "CallRow's fields are the table's columns"
@@ -87,18 +87,14 @@ def _seconds(later: datetime | None, earlier: datetime | None) -> float | None:
     return (later - earlier).total_seconds()
 
 
-_SPANS = tuple((attrgetter(later), attrgetter(earlier)) for _, later, earlier in DURATIONS)
-"""Each duration's later and earlier moment, read from a row, in `DURATIONS`' order."""
-assert [name for name, _, _ in DURATIONS] == ["elapsed_s", "ttft_s", "decode_s"], "the order _derive unpacks"
-
-
 def _derive(row: CallRow) -> CallRow:
-    elapsed_s, ttft_s, decode_s = [_seconds(later(row), earlier(row)) for later, earlier in _SPANS]
-    row.elapsed_s = elapsed_s
+    """The row's durations and rates, from its moments and tokens."""
+    started, first = row.started_at, row.first_token_at
+    row.elapsed_s = _seconds(row.ended_at, started)
     if row.origin == "gateway":  # an import brings its own
-        row.ttft_s = ttft_s
+        row.ttft_s = _seconds(first, started)
     row.prefill_tps = prefill_tps(row.input_tokens, row.ttft_s)
-    row.decode_tps = decode_tps(row.output_tokens, decode_s)
+    row.decode_tps = decode_tps(row.output_tokens, _seconds(row.last_token_at, first))
     return row
 
 
@@ -117,13 +113,22 @@ def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
     counts = spec_decode_counts(metrics.speculative_decoding) if metrics is not None else None
     row.spec_draft_tokens, row.spec_accepted_tokens, row.spec_steps = counts or (None, None, None)
     if isinstance(ev, SFinished):
+        row.finish_reason = _finish_reason(ev.finish_reasons, ev.finish_choices)
         row.http_status = ev.status
         row.status = finished_status(ev.status)
         row.failure_reason = None
     else:
+        row.finish_reason = None
         row.http_status = ev.client_status
         row.status = FAILED_END_STATUS
         row.failure_reason = ev.reason
+
+
+def _finish_reason(reasons: list[str], choices: list[int | None]) -> str | None:
+    """Choice 0's reason where the event says which choice each came from, else (older events) the first."""
+    if choices:
+        return next((projection_text(r) for r, i in zip(reasons, choices, strict=False) if i == 0), None)
+    return projection_text(reasons[0]) if reasons else None
 
 
 def _tagged(row: CallRow, tags: dict[str, str]) -> None:
@@ -158,6 +163,7 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
             ttft_s=ev.ttft_s,
             input_tokens=ev.input_tokens,
             output_tokens=ev.output_tokens,
+            finish_reason=projection_text_or_none(ev.finish_reason),
         )
         _tagged(row, projection_tags(ev.tags))
         if ev.ttft_s is not None:

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.schema import UTCDateTime, events
-from usage_ledger.projections._bulk import drop_work_tables, insert_plain_calls, prepare_calls, remaining_positions
+from usage_ledger.ledger.schema import UTCDateTime
 from usage_ledger.projections._digest_lines import encode_page
 from usage_ledger.projections._slim import decode_slim
 from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
@@ -63,7 +61,9 @@ class CallsProjection:
     handles = _HANDLED
     table = RowTable(calls)
 
-    async def fold(self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]]) -> list[CallRow]:
+    async def fold(
+        self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]], unwritten: Sequence[Any] = ()
+    ) -> list[CallRow]:
         """The rows the page's events change, folded onto their stored state (reads, never writes)."""
         by_call: dict[str, list[tuple[int, Any]]] = {}
         for position, type_, payload in page:
@@ -74,7 +74,12 @@ class CallsProjection:
         if not by_call:
             return []
         continuing = [cid for cid, evs in by_call.items() if evs[0][1].__struct_config__.tag not in FRESH]
-        existing = await self._stored(conn, version, continuing)
+        existing: dict[str, CallRow] = {}
+        if continuing:
+            recent = {row.call_id: row for row in unwritten}
+            # a copy: the unwritten row may still be on its way to the table
+            existing = {cid: msgspec.structs.replace(recent[cid]) for cid in continuing if cid in recent}
+            existing.update(await self._stored(conn, version, [cid for cid in continuing if cid not in recent]))
         rows: list[CallRow] = []
         for call_id, evs in by_call.items():
             row = existing.get(call_id)
@@ -83,29 +88,6 @@ class CallsProjection:
             if row is not None:
                 rows.append(row)
         return rows
-
-    async def prepare(
-        self, conn: AsyncConnection, head: int, workdir: Path, progress: Callable[[int, int], None] | None = None
-    ) -> None:
-        """The bulk load's first half: every plain call's row computed in SQL, reading only (`_bulk`)."""
-        await prepare_calls(conn, head, workdir, progress)
-
-    async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
-        """Fill an empty `version` with every call event up to `head`: plain calls in SQL, the rest folded here."""
-        await insert_plain_calls(conn, version)
-        async for positions in remaining_positions(conn):
-            page: list[tuple[int, str, str]] = []
-            for start in range(0, len(positions), 5000):
-                result = await conn.execute(
-                    select(events.c.position, events.c.type, events.c.payload).where(
-                        events.c.position.in_(positions[start : start + 5000])
-                    )
-                )
-                page.extend((r[0], r[1], r[2]) for r in result)
-            page.sort()
-            await self.table.write(conn, await self.fold(conn, version, page))
-        if conn.dialect.name == "postgresql":  # on SQLite `load_version` discards the connection and the files
-            await drop_work_tables(conn)
 
     async def _stored(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, CallRow]:
         found: dict[str, CallRow] = {}
@@ -128,7 +110,7 @@ class CallsProjection:
         """
         if conn.dialect.name == "sqlite":
             return await _sqlite_digest(conn, version)
-        return await rows_digest(conn, version)
+        return await _pg_digest(conn, version)
 
 
 async def _sqlite_digest(conn: AsyncConnection, version: int, child_from: int = CHILD_FROM) -> str:
@@ -163,6 +145,26 @@ async def rows_digest(conn: AsyncConnection, version: int) -> str:
             .limit(_DIGEST_PAGE)
         )
         rows = result.all()
+        digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
+        if len(rows) < _DIGEST_PAGE:
+            return digest.hexdigest()
+        after = rows[-1][0]
+
+
+_PG_DIGEST = (
+    f"SELECT {', '.join(c.name for c in _DIGEST_COLUMNS)} FROM {calls.name} "
+    "WHERE version = $1 AND call_id > $2 ORDER BY call_id LIMIT $3"
+)
+
+
+async def _pg_digest(conn: AsyncConnection, version: int) -> str:
+    """`rows_digest` through asyncpg: the same values (timestamps in UTC, as `UTCDateTime` returns them)."""
+    driver = (await conn.get_raw_connection()).driver_connection
+    assert driver is not None
+    digest = hashlib.sha256()
+    after = ""
+    while True:
+        rows = await driver.fetch(_PG_DIGEST, version, after, _DIGEST_PAGE)
         digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
         if len(rows) < _DIGEST_PAGE:
             return digest.hexdigest()

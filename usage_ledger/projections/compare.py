@@ -59,6 +59,8 @@ class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
     model: str | None
     calls: int
     failed_calls: int
+    truncated_calls: int | None = None
+    """As `RunRow.truncated_calls`."""
     tickers: int
     input_tokens: int
     output_tokens: int
@@ -236,6 +238,7 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
         model=row.model,
         calls=row.calls,
         failed_calls=row.failed_calls,
+        truncated_calls=row.truncated_calls,
         tickers=row.tickers,
         input_tokens=row.input_tokens,
         output_tokens=row.output_tokens,
@@ -264,6 +267,7 @@ def metric_values(run: RunComparison) -> dict[str, float | None]:
     out: dict[str, float | None] = {
         "calls": run.calls,
         "failed_calls": run.failed_calls,
+        "truncated_calls": run.truncated_calls,
         "tickers": run.tickers,
         "input_tokens": run.input_tokens,
         "output_tokens": run.output_tokens,

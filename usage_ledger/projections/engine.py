@@ -1,11 +1,13 @@
 """Running projections: checkpointed catch-up, the follower, status (rebuilds: `projections.rebuild`).
 
-    events ──page──► projection.fold(conn, version, page) ──► rows ──► projection.table.write(rows)
-                     (decoding, reading the rows it continues)         + checkpoint(name, version),
-                                                                         one writer transaction
+    events ──page──► projection.fold(conn, version, page, unwritten) ──► rows ──► projection.table.write(rows)
+    (a position      (decoding, reading the rows it continues)                   + checkpoint(name, version),
+     range)                                                                        one writer transaction
 
 Every projection row carries a version. `projection_versions` points at the live one; readers
-always read it. The follower and a rebuild's catch-up both apply pages here (`catch_up`).
+always read it. The follower and a rebuild both apply pages here (`catch_up`), in a pipeline: page
+N+1 is read and folded while page N is written (the database's work runs in its own threads, without
+Python's lock); rows page N+1 continues are taken from page N's (`unwritten`), not read back.
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import msgspec
 import structlog
@@ -27,7 +28,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import utc_now
 from usage_ledger.ledger.read import head_position
-from usage_ledger.ledger.schema import checkpoints, events, sqlite_time
+from usage_ledger.ledger.schema import checkpoints, sqlite_time
 from usage_ledger.ledger.sqlite_append import SqliteWrite
 from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
@@ -38,7 +39,6 @@ from usage_ledger.projections.tables import versions
 
 __all__ = (
     "PROJECTIONS",
-    "BulkLoad",
     "Moved",
     "Page",
     "Progress",
@@ -72,25 +72,18 @@ class Projection(Protocol):
     handles: frozenset[str]
     table: RowTable
 
-    async def fold(self, conn: AsyncConnection, version: int, page: Page) -> Sequence[msgspec.Struct]:
-        """The rows `page` changes, whole, folded onto their stored state (reads, never writes)."""
+    async def fold(
+        self, conn: AsyncConnection, version: int, page: Page, unwritten: Sequence[msgspec.Struct] = ()
+    ) -> Sequence[msgspec.Struct]:
+        """The rows `page` changes, whole, folded onto their stored state (reads, never writes).
+
+        `unwritten`: the previous page's rows, whose write may not have committed yet; a row among them is
+        continued from there (never changed in place), not read from the table.
+        """
         ...
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         """SHA-256 over every row of `version` in key order: equal for equal events, however built."""
-        ...
-
-
-@runtime_checkable
-class BulkLoad(Protocol):
-    """A projection that fills a new version faster than its fold would (`projections.rebuild`)."""
-
-    async def prepare(self, conn: AsyncConnection, head: int, workdir: Path, progress: Progress | None) -> None:
-        """Read what the load needs, outside any transaction (no write lock)."""
-        ...
-
-    async def load(self, conn: AsyncConnection, version: int, head: int) -> None:
-        """Write every row of `version` up to `head`, inside the caller's writer transaction."""
         ...
 
 
@@ -175,15 +168,28 @@ async def write_checkpoint(conn: AsyncConnection, name: str, version: int, posit
     )
 
 
-async def _read_page(database: Database, after: int, limit: int) -> list[tuple[int, str, str]]:
+_READ_PAGE = (
+    "SELECT position, type, payload FROM ledger_events WHERE position > {a} AND position <= {b} ORDER BY position"
+)
+
+
+async def _read_page(database: Database, after: int, until: int) -> list[tuple[int, str, str]]:
+    """The events at positions (`after`, `until`], through the driver (no per-row SQLAlchemy processing).
+
+    A position range, never `type IN (…) … LIMIT`: PostgreSQL plans that as a scan of every remaining event
+    and a sort per page; a range of the primary key is read in order on both backends.
+    """
     async with database.engine.connect() as conn:
-        result = await conn.execute(
-            select(events.c.position, events.c.type, events.c.payload)
-            .where(events.c.position > after)
-            .order_by(events.c.position)
-            .limit(limit)
-        )
-        return [(r[0], r[1], r[2]) for r in result]
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        if conn.dialect.name == "postgresql":
+            records = await driver.fetch(_READ_PAGE.format(a="$1", b="$2"), after, until)
+            return [(r[0], r[1], r[2]) for r in records]
+        cursor = await driver.execute(_READ_PAGE.format(a="?", b="?"), (after, until))
+        try:
+            return list(await cursor.fetchall())
+        finally:
+            await cursor.close()
 
 
 async def catch_up(
@@ -197,49 +203,77 @@ async def catch_up(
 ) -> int:
     """Apply every event after the checkpoint of `name`@`version` (default: live); returns the new checkpoint."""
     projection = projection_named(name)
+    reading: asyncio.Task[list[tuple[int, str, str]]] | None = None
+    writing: asyncio.Task[None] | None = None
     try:
         if version is None:
             version = await ensure_pointer(database, name)
         async with database.engine.connect() as conn:
             position = await read_checkpoint(conn, name, version)
             head = await head_position(conn) if until is None else until
-        while position < head:
-            page = await _read_page(database, position, min(page_size, head - position))
+        applied, written = position, position  # folded up to; committed up to
+        unwritten: Sequence[msgspec.Struct] = ()
+        while applied < head or writing is not None:
+            page: list[tuple[int, str, str]] = []
+            if applied < head:
+                if reading is None:
+                    reading = asyncio.create_task(_read_page(database, applied, min(applied + page_size, head)))
+                page = await reading
+                reading = None
+                if page and page[-1][0] < head:  # the next page is read while this one is folded and written
+                    after = page[-1][0]
+                    reading = asyncio.create_task(_read_page(database, after, min(after + page_size, head)))
+            rows: Sequence[msgspec.Struct] = ()
+            if page:
+                async with database.engine.connect() as conn:
+                    rows = await projection.fold(conn, version, page, unwritten)
+            try:
+                if writing is not None:
+                    await writing
+                    writing = None
+                    if progress is not None:
+                        progress(applied, head)
+                    written = applied
+            except Moved:
+                writing = None
+                if reading is not None:
+                    reading.cancel()
+                    reading = None
+                async with database.engine.connect() as conn:
+                    applied = written = await read_checkpoint(conn, name, version)
+                unwritten = ()
+                continue
             if not page:
                 break
-            try:
-                await _apply_page(database, projection, version, position, page)
-            except Moved:
-                async with database.engine.connect() as conn:
-                    position = await read_checkpoint(conn, name, version)
-                continue
-            position = page[-1][0]
-            if progress is not None:
-                progress(position, head)
-        return position
+            writing = asyncio.create_task(_apply_page(database, projection, version, written, page[-1][0], rows))
+            applied, unwritten = page[-1][0], rows
+        return written
     except LedgerError:
         raise
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
+    finally:
+        for task in (reading, writing):
+            if task is not None and not task.done():
+                task.cancel()
 
 
 async def _apply_page(
-    database: Database, projection: Projection, version: int, expected: int, page: Sequence[tuple[int, str, str]]
+    database: Database, projection: Projection, version: int, expected: int, last: int, rows: Sequence[msgspec.Struct]
 ) -> None:
-    # The fold runs before the write lock is taken: on SQLite that lock is also the ledger's append
-    # lock, and the gateway's commits waited behind this Python work (BEGIN IMMEDIATE waits of
-    # up to ≈ 80 ms seen in `bench/gateway.py`). Rows read here are still current under the lock if
-    # the checkpoint is: every write to a version's rows advances its checkpoint in the same
-    # transaction.
-    async with database.engine.connect() as conn:
-        rows = await projection.fold(conn, version, page)
+    """Write `rows` with checkpoint `last`, if the checkpoint is still `expected` (else `Moved`).
+
+    The fold ran before the write lock is taken: on SQLite that lock is also the ledger's append lock,
+    and the gateway's commits waited behind this Python work (BEGIN IMMEDIATE waits of up to ≈ 80 ms
+    seen in `bench/gateway.py`). Rows it read are still current under the lock if the checkpoint is:
+    every write to a version's rows advances its checkpoint in the same transaction.
+    """
     table = projection.table
     if database.sqlite_appender is not None:
         # The whole write in one call on the appender's thread, rows converted before the lock is
         # taken: through aiosqlite its four statements held the lock 3-6 ms, and strict-mode appends
         # waited that out (the gateway's p99). Not synced: see `transaction(durable=False)`.
         write = table.sqlite_write(rows)
-        last = page[-1][0]
         await database.sqlite_appender.transaction(
             lambda sqlite_conn: _write_sqlite(sqlite_conn, projection.name, version, expected, write, last),
             durable=False,
@@ -251,7 +285,7 @@ async def _apply_page(
             if await read_checkpoint(conn, projection.name, version, lock=True) != expected:
                 raise Moved
             await table.write(conn, rows)
-            await write_checkpoint(conn, projection.name, version, page[-1][0])
+            await write_checkpoint(conn, projection.name, version, last)
     finally:
         await conn.close()
 

@@ -57,6 +57,7 @@ _KNOWN = frozenset(
         "status",
         "tags",
         "call_id",
+        "finish_reason",
     }
 )
 _canonical = msgspec.json.Encoder(order="sorted")
@@ -216,6 +217,9 @@ def parse_record(
         model=_text(fields["model"], "model") if fields.get("model") is not None else None,
         ttft_s=ttft,
         status=status,
+        finish_reason=_text(fields["finish_reason"], "finish_reason")
+        if fields.get("finish_reason") is not None
+        else None,
     )
 
 

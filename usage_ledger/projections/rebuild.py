@@ -1,115 +1,42 @@
 """Full rebuilds beside the live version, and promotion (`ledger rebuild`, `ledger recompute`).
 
-A rebuild fills version N+1 in bulk up to the head captured at its start (`load_version`: the calls
-projection in SQL, rows and checkpoint in one transaction), catches up what was appended meanwhile
-through the incremental path (`engine.catch_up`), computes its digest, appends `projection.promoted`
-and switches the pointer.
+A rebuild fills version N+1 from position 0 through the follower's own path (`engine.catch_up`: events
+read by position range in large pages, folded, rows written a page per transaction with the
+checkpoint), computes its digest, appends `projection.promoted` and switches the pointer.
 """
 
 from __future__ import annotations
 
-import tempfile
 import uuid
-from pathlib import Path
 
 import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.db import WRITER_OPTION, Database
-from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import ProjectionPromoted, new_event, utc_now
-from usage_ledger.ledger.read import head_position
-from usage_ledger.ledger.schema import checkpoints, events
+from usage_ledger.ledger.schema import checkpoints
 from usage_ledger.projections.engine import (
-    BulkLoad,
-    Moved,
     Progress,
-    Projection,
     Stage,
     catch_up,
     ensure_pointer,
     live_version,
     projection_named,
-    read_checkpoint,
     write_checkpoint,
 )
 from usage_ledger.projections.formulas import get_formula
 from usage_ledger.projections.tables import versions
 
-__all__ = ("drop_version", "load_version", "promote_version", "rebuild_projection", "set_formula")
+__all__ = ("drop_version", "promote_version", "rebuild_projection", "set_formula")
 
 _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 
 
-# The bulk load's own SQLite connection: a bounded page cache for the ledger and its temp store (memory
-# stays flat however long the ledger; the work file it attaches is read once, in order, through
-# SQLite's default small cache). Connection-local: the ledger's durability settings are untouched.
-_SQLITE_LOAD_PRAGMAS = ("PRAGMA cache_size = -65536", "PRAGMA temp.cache_size = -65536")
-_TYPE_PAGE = 5000
-
-
-async def load_version(
-    database: Database,
-    name: str,
-    version: int,
-    head: int,
-    progress: Progress | None = None,
-    stage: Stage | None = None,
-) -> None:
-    """Fill the empty `version` of `name` with every event up to `head` in bulk; checkpoint = `head`.
-
-    A `BulkLoad` projection first reads what it needs (`prepare`, outside any transaction, no write
-    lock; work files in a scratch directory that lives until the load ends), then writes every row
-    and the checkpoint in one writer transaction; any other folds the events of its types, read
-    through the type index (`_load_by_type`), in that transaction. Raises `Moved` if the version is
-    not empty. On SQLite the connection is discarded afterwards, with what it attached and its pragmas.
-    """
-    projection = projection_named(name)
-    bulk = projection if isinstance(projection, BulkLoad) else None
-    with tempfile.TemporaryDirectory(prefix="ledger-rebuild-") as workdir:
-        conn = await database.engine.connect()
-        sqlite_ = conn.dialect.name == "sqlite"
-        try:
-            if sqlite_:
-                for pragma in _SQLITE_LOAD_PRAGMAS:
-                    await conn.exec_driver_sql(pragma)
-                await conn.commit()
-            if bulk is not None:
-                await bulk.prepare(conn, head, Path(workdir), progress)
-            if stage is not None:
-                stage(f"writing version {version}")
-            await conn.execution_options(**{WRITER_OPTION: True})
-            async with conn.begin():
-                if await read_checkpoint(conn, name, version, lock=True) != 0:
-                    raise Moved
-                if bulk is not None:
-                    await bulk.load(conn, version, head)
-                else:
-                    await _load_by_type(conn, projection, version, head)
-                await write_checkpoint(conn, name, version, head)
-        finally:
-            if sqlite_:
-                await conn.invalidate()
-            await conn.close()
-
-
-async def _load_by_type(conn: AsyncConnection, projection: Projection, version: int, head: int) -> None:
-    """Every event of the projection's types up to `head`, folded and written a page at a time."""
-    after = 0
-    while True:
-        result = await conn.execute(
-            select(events.c.position, events.c.type, events.c.payload)
-            .where(events.c.type.in_(sorted(projection.handles)), events.c.position > after, events.c.position <= head)
-            .order_by(events.c.position)
-            .limit(_TYPE_PAGE)
-        )
-        page = [(r[0], r[1], r[2]) for r in result]
-        if not page:
-            return
-        await projection.table.write(conn, await projection.fold(conn, version, page))
-        after = page[-1][0]
+_REBUILD_PAGE = 50_000
+"""Events a rebuild reads, folds and writes at a time (each page one short writer transaction, so appends
+go on meanwhile; the follower's pages are smaller, its catch-ups being short)."""
 
 
 async def rebuild_projection(
@@ -117,24 +44,17 @@ async def rebuild_projection(
     name: str,
     *,
     formula: str | None = None,
-    page_size: int = 20_000,
+    page_size: int = _REBUILD_PAGE,
     progress: Progress | None = None,
     stage: Stage | None = None,
     keep_old: bool = False,
 ) -> ProjectionPromoted:
     """Rebuild `name` from position 0 into a new version beside the live one, then promote it.
 
-    `progress(events, head)` while the events are read; `stage(text)` as each step begins.
+    `progress(position, head)` as the pages are applied; `stage(text)` as each step begins.
     """
     projection = projection_named(name)
     say = stage or (lambda _text: None)
-
-    def reading(done: int, total: int) -> None:
-        if progress is not None:
-            progress(done, total)
-        if done >= total:
-            say("preparing rows")  # every event read; what the load does with them takes a while yet
-
     if formula is not None:
         get_formula(formula)
     live = await ensure_pointer(database, name)
@@ -146,19 +66,7 @@ async def rebuild_projection(
         new_version = max(live, int(known or 0)) + 1
         await projection.table.drop(conn, new_version)
         await write_checkpoint(conn, name, new_version, 0)
-        head = await head_position(conn)
-    say("reading events")
-    try:
-        await load_version(database, name, new_version, head, reading, say)
-    except Moved:  # another runner is filling this version already; catch up alongside it
-        pass
-    except LedgerError:
-        raise
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
-    if progress is not None:
-        progress(head, head)
-    say("catching up")
+    say(f"folding events into version {new_version}")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
     say(f"digest and promotion of version {new_version}")
     promoted = await promote_version(database, name, new_version, formula or current_formula)

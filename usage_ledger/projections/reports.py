@@ -63,6 +63,7 @@ def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str], sampl
         calls=acc.calls,
         failed_calls=acc.failed,
         incomplete_calls=acc.incomplete,
+        truncated_calls=acc.truncated_calls(),
         tickers=tickers,
         input_tokens=acc.input,
         output_tokens=acc.output,

@@ -32,6 +32,9 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     calls: int
     failed_calls: int
     incomplete_calls: int
+    truncated_calls: int | None = None
+    """Calls whose answer was cut at its token limit (`call_rules.TRUNCATED_REASONS`); None where no call
+    of the run says how it finished (imports without the field, events before finish reasons were kept)."""
     tickers: int
     input_tokens: int
     output_tokens: int
@@ -96,6 +99,8 @@ class CallView(msgspec.Struct, frozen=True, kw_only=True):
     status: str
     http_status: int | None
     failure_reason: str | None
+    finish_reason: str | None = None
+    """Choice 0's finish reason (`stop`, `length`, …; the Responses API's `incomplete_details.reason`)."""
     usage_source: str
     started_at: datetime
     first_token_at: datetime | None

@@ -61,6 +61,8 @@ calls = Table(
     Column("response_blob", String(64), nullable=True),
     Column("retags", Integer(), nullable=False),
     Column("last_position", BigInteger(), nullable=False),
+    # choice 0's (`call_fold._finish_reason`); `call_rules.TRUNCATED_REASONS` say the answer was cut
+    Column("finish_reason", String(64), nullable=True),
     Index(None, "version", "run", "started_at"),
     Index(None, "version", "started_at"),
 )
