@@ -27,7 +27,7 @@ WORKDIR /home/ledger
 ENV LEDGER_HOST=0.0.0.0 \
     LEDGER_PORT=8300 \
     LEDGER_DATABASE_URL=sqlite:////data/ledger.db \
-    LEDGER_SPOOL_DIR=/var/lib/ledger/spool \
+    LEDGER_STATE_DIR=/var/lib/ledger \
     LEDGER_LOG_FORMAT=json
 VOLUME ["/data", "/var/lib/ledger"]
 EXPOSE 8300

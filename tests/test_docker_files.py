@@ -81,8 +81,8 @@ def test_each_replica_keeps_its_own_state_and_no_port_is_the_uis() -> None:
     gateways = _gateways()
     state = []
     for service in gateways.values():
-        spool = Path(service["environment"]["LEDGER_SPOOL_DIR"])
-        mount = next(m for m in _mounts(service) if spool.is_relative_to(m))
+        state_dir = Path(service["environment"]["LEDGER_STATE_DIR"])  # the spool and its key (gateway.state)
+        mount = next(m for m in _mounts(service) if state_dir.is_relative_to(m))
         state.append(_mounts(service)[mount][0])
     assert len(set(state)) == len(gateways)  # a spool is one gateway's (an exclusive lock says so)
     published = [int(p.split(":")[-2]) for s in COMPOSE["services"].values() for p in s.get("ports", [])]
@@ -115,7 +115,7 @@ def test_the_gateways_state_is_not_beside_the_database() -> None:
     final = _final_stage()
     env = _env(final)
     database_dir = Path(env["LEDGER_DATABASE_URL"].removeprefix("sqlite:///")).parent
-    state_dir = Path(env["LEDGER_SPOOL_DIR"]).parent  # the fingerprint key's default place (gateway.fingerprint_key)
+    state_dir = Path(env["LEDGER_STATE_DIR"])  # spool and keys (gateway.state)
     assert database_dir != state_dir and not state_dir.is_relative_to(database_dir)
     (volumes,) = [msgspec.json.decode(args) for op, args in final if op == "VOLUME"]
     assert {str(database_dir), str(state_dir)} <= set(volumes)

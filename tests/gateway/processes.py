@@ -38,6 +38,8 @@ class Process:
             except httpx.TransportError:
                 pass
             time.sleep(0.05)
+        self.kill()  # never left running behind a failed start
+        self.log.close()
         raise RuntimeError(f"{self.args} not healthy in {timeout_s}s:\n{self.log_path.read_text()}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
