@@ -36,6 +36,7 @@ from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import RunAnnotated, new_event
+from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.projections.callviews import calls_page
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
@@ -184,9 +185,7 @@ class _Halt:
 
     async def wait(self) -> None:
         remaining = self.deadline_at - asyncio.get_running_loop().time()
-        try:
-            await asyncio.wait_for(self.stop.wait(), max(0.0, remaining))
-        except TimeoutError:
+        if not await wait_up_to(self.stop.wait(), max(0.0, remaining)):
             self.deadline_reached = True
 
 

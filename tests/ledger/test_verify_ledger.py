@@ -233,7 +233,11 @@ async def _set_recorded_at(database: Database, position: int, delta: timedelta) 
     [
         (3, timedelta(hours=-1), "is before position"),
         (8, timedelta(days=2), "in the future"),
-        (1, timedelta(days=-5), "before the event occurred"),
+        (
+            1,
+            timedelta(days=-3650),
+            "before the event occurred",
+        ),  # recorded_at is now, the event of 2026-11-30: -5 days stopped sufficing on 2026-12-05
     ],
 )
 async def test_an_implausible_recorded_at_is_caught(

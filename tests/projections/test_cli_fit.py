@@ -147,7 +147,7 @@ def test_machine_formats_keep_every_field_and_raw_values(backend_url: str, capsy
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "csv")
     assert code == 0
     header = lines[0].split(",")
-    assert len(header) == 23 and header[:3] == ["run", "model", "calls"]
+    assert len(header) == 24 and header[:3] == ["run", "model", "calls"]  # truncated_calls among them
     assert lines[1].split(",")[header.index("input_tokens")] == "1235567"  # no separators in CSV
     assert "1,235,567" not in "\n".join(lines)
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "json")

@@ -11,6 +11,17 @@ import structlog
 __all__ = ("configure_logging",)
 
 
+class _CurrentStderr:
+    """Writes to whatever `sys.stderr` is when a line is logged, not when logging was configured: a process
+    (or a test) that replaces `sys.stderr` later, and closes the old one, never gets a closed file."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info", fmt: Literal["auto", "json", "console"] = "auto") -> None:
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     use_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
@@ -26,6 +37,6 @@ def configure_logging(level: str = "info", fmt: Literal["auto", "json", "console
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
