@@ -162,7 +162,8 @@ async def test_rows_survive_the_migration_down_and_up(database: Database) -> Non
     assert "spec_steps" not in names and "cached_tokens" in names
     await upgrade_database(database)
     (row,) = await runs_report(database)
-    assert row.calls == 1 and row.server is None  # the row is back without its counters: a rebuild reads them again
+    # 0004 sets the calls checkpoints back to 0, so the follower folds every event again: the counters are back
+    assert row.calls == 1 and row.server is not None
     await rebuild_projection(database, "calls")
     (row,) = await runs_report(database)
     assert row.server is not None and row.server.spec_decode_acceptance_rate == 0.5
