@@ -31,30 +31,39 @@ def _serve(
 ) -> subprocess.Popen[bytes]:
     args = [LEDGER, "serve", "--upstream", DEAD_UPSTREAM, "--port", str(port), "--db", db_url, *extra]
     clean = {k: v for k, v in os.environ.items() if not k.startswith("LEDGER_") or k.startswith("LEDGER_TEST_")}
-    return subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**clean, "LEDGER_LOG_FORMAT": "json", "LEDGER_SERVER_SAMPLE_S": "0", **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    log = cwd.parent / f"serve-{port}.log"  # outside the directory whose files are checked
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            env={**clean, "LEDGER_LOG_FORMAT": "json", "LEDGER_SERVER_SAMPLE_S": "0", **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    proc.log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def _output(proc: subprocess.Popen[bytes]) -> str:
+    return str(proc.log.read_text())  # type: ignore[attr-defined]
 
 
 def _until_up(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 60
+    """Until the start-up line is written (the signal handlers are in place by then)."""
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[0].decode()
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/_ledger/health", timeout=1)
+        assert proc.poll() is None, _output(proc)
+        if '"gateway_listening"' in _output(proc):
+            httpx.get(f"http://127.0.0.1:{port}/_ledger/health", timeout=5)
             return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError("ledger serve did not start")
+        time.sleep(0.1)
+    raise AssertionError("ledger serve did not start:\n" + _output(proc))
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> str:
     proc.terminate()
-    return proc.communicate(timeout=60)[0].decode()
+    proc.wait(timeout=60)
+    return _output(proc)
 
 
 def _files(directory: Path) -> set[str]:
@@ -73,7 +82,8 @@ def test_a_busy_port_stops_the_start_and_creates_nothing(tmp_path: Path) -> None
         busy.listen()
         port = busy.getsockname()[1]
         proc = _serve(cwd, db_url, port)
-        out = proc.communicate(timeout=60)[0].decode()
+        proc.wait(timeout=60)
+        out = _output(proc)
     assert proc.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in out, out
     assert _files(cwd) == set() and _files(data) == before  # no key, no spool, no state directory
 
