@@ -164,6 +164,9 @@ def _flipped(
 def _check_groups(a: Sequence[str], b: Sequence[str]) -> None:
     if not a or not b:
         raise ProjectionError("decide needs at least one run in each group (--a RUN... --b RUN...)")
+
+
+def _check_distinct(a: Sequence[str], b: Sequence[str]) -> None:
     every = [*a, *b]
     repeated = sorted({run for run in every if every.count(run) > 1})
     if repeated:
@@ -210,10 +213,11 @@ async def decide(
     `refresh`: catch the projections up first; False under `ledger serve`, whose follower does."""
     _check_groups(a, b)
     ordered = parse_scale(scale)
-    runs = [*a, *b]
+    runs = list(dict.fromkeys([*a, *b]))
     columns = {
         run: await run_column(database, run, run_gap_s, refresh=refresh and i == 0) for i, run in enumerate(runs)
     }
+    _check_distinct(a, b)  # after the runs are found: an unknown run is the first thing to say (404)
     labels = await recorded_labels(database, runs)
     check_scale(ordered, (label for run in runs for label in labels[run].values()))
     returns = await recorded_returns(database, as_of=as_of)
