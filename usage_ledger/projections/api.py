@@ -21,6 +21,7 @@ from typing import Annotated, Any
 
 from litestar import Request, Response, Router, get
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
+from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
@@ -81,7 +82,18 @@ Status = Annotated[
 ]
 Group = Annotated[str, QueryParameter(description="a group's runs, comma-separated (`ledger decide --a`/`--b`)")]
 Scale = Annotated[str, QueryParameter(description="the ordered labels, lowest first, comma-separated")]
-AsOf = Annotated[str | None, QueryParameter(description="returns as of this date, YYYY-MM-DD (default: the latest)")]
+AsOf = Annotated[
+    str | None,
+    QueryParameter(
+        description="returns as of this date, YYYY-MM-DD (default, or empty: the latest)",
+        schema_extra={
+            "one_of": [
+                Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.DATE),
+                Schema(type=OpenAPIType.STRING, max_length=0),
+            ]
+        },
+    ),
+]
 Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls to skip, 0..{MAX_OFFSET}")]
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
 
