@@ -137,6 +137,9 @@ async def main() -> None:
     parser.add_argument("--db", default="sqlite:///bench-rebuild.db")
     parser.add_argument("--keep", action="store_true", help="reuse an existing database of the same size")
     parser.add_argument(
+        "--workers", type=int, default=1, help="the rebuild's worker processes (`ledger rebuild --workers`)"
+    )
+    parser.add_argument(
         "--gaps", type=int, default=0, help="chunk gaps in each call.finished's gap blob (a 1,470-chunk stream: 1469)"
     )
     parser.add_argument(
@@ -186,7 +189,7 @@ async def main() -> None:
     raw = time.perf_counter() - t
 
     t, cpu = time.perf_counter(), _cpu_seconds()
-    promoted = await rebuild_projection(database, "calls")
+    promoted = await rebuild_projection(database, "calls", workers=args.workers)
     rebuild, rebuild_cpu = time.perf_counter() - t, _cpu_seconds() - cpu
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -198,7 +201,7 @@ async def main() -> None:
         "| rebuild/raw | peak RSS MB | peak RSS child MB |"
     )
     print(
-        f"| {backend} | {args.calls:,} | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild_cpu:.1f} | "
+        f"| {backend} | {args.calls:,} (workers {args.workers}) | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild_cpu:.1f} | "
         f"{rebuild / scan:.2f} | {rebuild / raw:.2f} | {rss_mb:.0f} | {child_rss_mb:.0f} |"
     )
 

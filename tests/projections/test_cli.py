@@ -75,3 +75,18 @@ def test_rebuild_checks_every_name_before_rebuilding_any(tmp_path: Path, capsys:
     assert "unknown projection 'nosuch'; known: annotations, calls" in capsys.readouterr().err
     assert main(["projections", "status", "--db", db]) == 0
     assert re.search(r"calls\s+1\s+True", capsys.readouterr().out)  # still version 1: `calls` was not rebuilt first
+
+
+def test_rebuild_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ledger rebuild --workers N`; anything but a whole number of 1 or more is a usage error (exit 2)."""
+    db = f"sqlite:///{tmp_path / 'l.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    assert main(["import", str(write_jsonl(tmp_path / "moe.jsonl", seed_rows(MOE))), "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["rebuild", "calls", "--workers", "2", "--db", db]) == 0
+    assert "calls: version 2 promoted" in capsys.readouterr().out
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["rebuild", "--workers", bad, "--db", db])
+        assert exit_.value.code == 2
+        assert f"{bad!r} is not a whole number of 1 or more" in capsys.readouterr().err

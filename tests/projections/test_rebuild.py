@@ -73,8 +73,8 @@ async def test_formula_promotion_and_recompute(database: Database) -> None:
     assert row.formula == "per_call_mean" and row.throughput_tps == 7.5
 
 
-async def test_a_rebuild_folds_every_unusual_call_as_the_follower_does(database: Database) -> None:
-    """Imports, retags, orphan, early, repeated events: one page of a rebuild gives the rows of one event a page."""
+async def _append_unusual_calls(database: Database) -> None:
+    """Imports, retags, orphan, early and repeated events."""
     imported = CallImported(
         call_id="imp", source="s", line=1, started_at=at(0), finished_at=at(5), input_tokens=10, output_tokens=5
     )
@@ -97,6 +97,11 @@ async def test_a_rebuild_folds_every_unusual_call_as_the_follower_does(database:
         finished("ends", 6, 7),
         finished("ends", 6, 8),  # a repeated end
     )
+
+
+async def test_a_rebuild_folds_every_unusual_call_as_the_follower_does(database: Database) -> None:
+    """Imports, retags, orphan, early, repeated events: one page of a rebuild gives the rows of one event a page."""
+    await _append_unusual_calls(database)
     await catch_up(database, "calls", 41, page_size=1)
     promoted = await rebuild_projection(database, "calls", keep_old=True)
     async with database.engine.connect() as conn:
@@ -168,3 +173,35 @@ async def test_a_rebuild_reports_its_stages_and_progress(tmp_path: Path) -> None
         assert seen == [(1000, head), (2000, head), (head, head)]
     finally:
         await database.dispose()
+
+
+async def test_workers_fold_what_one_process_folds(database: Database) -> None:
+    """`workers=N`: N processes, each a hash range of call ids over every page, give the rows one process gives,
+    with a call's events pages apart (started in one page, retagged and finished in later ones)."""
+    await _append_unusual_calls(database)
+    await append_plain_calls(database, 120, batch=40)  # starts and ends 40 events apart: several pages of 7
+    await append(
+        database,
+        new_event(CallRetagged(call_id="c00003", reason="fix", tags={"desk": "x"}), stream="call-c00003"),
+        finished("c00003", 3, 9),
+    )
+    one = await rebuild_projection(database, "calls", page_size=7)
+    steps: list[str] = []
+    seen: list[tuple[int, int]] = []
+    three = await rebuild_projection(
+        database, "calls", page_size=7, workers=3, stage=steps.append, progress=lambda a, b: seen.append((a, b))
+    )
+    assert three.digest == one.digest and three.version == one.version + 1
+    assert steps[0] == f"folding events into version {three.version} in 3 worker processes"
+    head = one.head_position + 1  # `one`'s promotion was appended since
+    assert seen[:3] == [(head // 3, head), (2 * head // 3, head), (head, head)]
+    async with database.engine.connect() as conn:
+        stored = (await conn.execute(select(calls).where(calls.c.version == three.version))).all()
+    assert len(stored) == 7 + 120
+    by_id = {row.call_id: row for row in stored}
+    assert by_id["c00003"].retags == 1 and by_id["c00003"].tags == '{"desk":"x"}'
+
+
+async def test_workers_must_be_one_or_more(database: Database) -> None:
+    with pytest.raises(ValueError, match="workers must be 1 or more, not 0"):
+        await rebuild_projection(database, "calls", workers=0)

@@ -16,6 +16,17 @@ from usage_ledger.projections.formulas import FORMULAS
 __all__ = ("register",)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number of 1 or more (the error names the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return value
+
+
 def _fmt(parser: argparse.ArgumentParser, *choices: str) -> None:
     parser.add_argument(
         "--format",
@@ -95,6 +106,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("names", nargs="*", metavar="NAME", help="projections to rebuild (default: all)")
     p.add_argument("--formula", choices=formulas, help="promote with this default formula")
     p.add_argument("--keep-old", action="store_true", help="keep the previous version's rows")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="worker processes that fold the calls between them, each a hash range of call ids (default 1: "
+        "one process, leaving the other cores to a live gateway)",
+    )
     p.set_defaults(func=reports.rebuild_command)
 
     p = sub.add_parser("projections", help="run projections or show their status")

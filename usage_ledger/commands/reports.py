@@ -204,6 +204,7 @@ def rebuild_command(args: argparse.Namespace) -> int:
                         name,
                         formula=args.formula if name == "calls" else None,
                         keep_old=args.keep_old,
+                        workers=args.workers,
                         progress=advance(bar, task),
                         stage=stage(bar, task, f"rebuild {name}"),
                     )

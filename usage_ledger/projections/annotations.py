@@ -54,6 +54,7 @@ class AnnotationsProjection:
 
     name = "annotations"
     handles = frozenset({"run.annotated"})
+    partition_key = None
     table = RowTable(annotations_table)
 
     async def fold(

@@ -26,6 +26,12 @@ from usage_ledger.projections.tables import calls
 
 __all__ = ("CallsProjection", "rows_digest")
 
+
+class _CallKey(msgspec.Struct):
+    call_id: str
+
+
+_key_decoder = msgspec.json.Decoder(_CallKey)
 _HANDLED = frozenset({"call.started", "call.finished", "call.failed", "call.imported", "call.retagged"})
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
@@ -60,6 +66,11 @@ class CallsProjection:
     name = "calls"
     handles = _HANDLED
     table = RowTable(calls)
+
+    @staticmethod
+    def partition_key(payload: str) -> str:
+        """A call event's call id (every event of the calls model names one; a row reads only its call's)."""
+        return _key_decoder.decode(payload).call_id
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]], unwritten: Sequence[Any] = ()

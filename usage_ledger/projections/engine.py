@@ -53,7 +53,9 @@ __all__ = (
     "projection_named",
     "projection_status",
     "read_checkpoint",
+    "read_page",
     "write_checkpoint",
+    "write_rows",
 )
 
 Progress = Callable[[int, int], None]
@@ -71,6 +73,9 @@ class Projection(Protocol):
     name: str
     handles: frozenset[str]
     table: RowTable
+    partition_key: Callable[[str], str] | None
+    """The key an event's payload belongs to, when rows of different keys never read each other's events
+    (a rebuild's workers each fold a hash range of keys); None: folded in one process."""
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Page, unwritten: Sequence[msgspec.Struct] = ()
@@ -173,7 +178,7 @@ _READ_PAGE = (
 )
 
 
-async def _read_page(database: Database, after: int, until: int) -> list[tuple[int, str, str]]:
+async def read_page(database: Database, after: int, until: int) -> list[tuple[int, str, str]]:
     """The events at positions (`after`, `until`], through the driver (no per-row SQLAlchemy processing).
 
     A position range, never `type IN (…) … LIMIT`: PostgreSQL plans that as a scan of every remaining event
@@ -217,12 +222,12 @@ async def catch_up(
             page: list[tuple[int, str, str]] = []
             if applied < head:
                 if reading is None:
-                    reading = asyncio.create_task(_read_page(database, applied, min(applied + page_size, head)))
+                    reading = asyncio.create_task(read_page(database, applied, min(applied + page_size, head)))
                 page = await reading
                 reading = None
                 if page and page[-1][0] < head:  # the next page is read while this one is folded and written
                     after = page[-1][0]
-                    reading = asyncio.create_task(_read_page(database, after, min(after + page_size, head)))
+                    reading = asyncio.create_task(read_page(database, after, min(after + page_size, head)))
             rows: Sequence[msgspec.Struct] = ()
             if page:
                 async with database.engine.connect() as conn:
@@ -286,6 +291,21 @@ async def _apply_page(
                 raise Moved
             await table.write(conn, rows)
             await write_checkpoint(conn, projection.name, version, last)
+    finally:
+        await conn.close()
+
+
+async def write_rows(database: Database, projection: Projection, version: int, rows: Sequence[msgspec.Struct]) -> None:
+    """Write `rows` of `version` without touching its checkpoint: a rebuild's worker writes its share of the
+    rows so, and the rebuild sets the checkpoint once every worker is done (`rebuild.fold_in_workers`)."""
+    table = projection.table
+    if database.sqlite_appender is not None:
+        await database.sqlite_appender.transaction(table.sqlite_write(rows), durable=False)
+        return
+    conn = await database.writer()
+    try:
+        async with conn.begin():
+            await table.write(conn, rows)
     finally:
         await conn.close()
 
