@@ -8,7 +8,7 @@ proportionally fewer tickers so it takes about as long (a run's aggregate throug
 depend on its size). Every rate the ledger records is then that speed × the emulated GPU's, and
 ratios between the boxes are the seed's: MoE ÷ dense ≈ 7.7× aggregate, ≈ 1.7× per-call mean.
 
-Then each box runs its batch once more on about half its tickers with another sampling seed. The
+Then each box runs its batch once more on about a third of its tickers with another sampling seed. The
 emulators answer with a grade line (`ledger emulate --grade-line`: synthetic, seeded, Hold-heavy),
 so the grades are read from the stored answers into the ledger (`labels import --extract`), with
 synthetic returns per ticker (`returns import`), and the demo ends with `ledger decide`'s report:

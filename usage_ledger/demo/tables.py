@@ -72,9 +72,9 @@ def print_reports(
 ) -> None:
     """The tables: `first` are the boxes' batches (the story's runs), `repeats` their repetitions."""
     recorded = table(
-        "This demo's runs as the ledger recorded them (t/s: output tokens per second; "
-        f"{'/'.join(run.run.rpartition('-')[2] for run in repeats[:1])}: the repetitions)",
-        ("run", "calls", "tickers", "input tok", "output tok", "wall s", "aggregate", "per-call"),
+        "This demo's runs as the ledger recorded them (input, output: tokens; aggregate, per-call: output "
+        "tokens per second; -seed2: the repetitions)",
+        ("run", "calls", "tickers", "input", "output", "wall s", "aggregate", "per-call"),
     )
     for aggregate, per_call in zip(reports.aggregate, reports.per_call, strict=True):
         recorded.add_row(
@@ -107,7 +107,8 @@ def print_reports(
             "--seconds runs the clocks slower; fewer other jobs on the machine let them keep up."
         )
     top = table("Top tickers by output tokens", ("run", "ticker", "calls", "input tok", "output tok"), left=2)
-    for row in sorted(reports.tickers, key=lambda r: -r.output_tokens)[:8]:
+    batches = {run.run for run in first}  # a repetition's answers are as long as its batch's: the same prompts
+    for row in sorted((r for r in reports.tickers if r.run in batches), key=lambda r: -r.output_tokens)[:8]:
         top.add_row(row.run, row.ticker, str(row.calls), _tokens(row.input_tokens), _tokens(row.output_tokens))
     show(console, top)
     for title, rows in ((f"Daily totals ({options.tz})", reports.daily), ("Daily totals (UTC)", reports.daily_utc)):
