@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from rich.cells import cell_len
 
 from tests.projections.helpers import finished, started
-from usage_ledger.demo import DemoOptions, demo_plan
+from usage_ledger.demo import DemoOptions, demo_plan, repeat_plan
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.migrate import upgrade_database
@@ -70,9 +71,18 @@ def test_one_clock_speed_and_the_dense_box_gets_its_share_in_whole_rounds() -> N
     assert [b.tickers for b in demo_plan(DemoOptions(db_path=Path("x.db"), tickers=1, steps=1))[1]] == [1, 1]
 
 
+def test_the_repetition_takes_about_a_third_of_each_box_in_whole_rounds() -> None:
+    """28 MoE tickers (2 rounds of 14) and 3 dense ones (1 round of 3): ≈ a third of the first batch's time."""
+    _, boxes = demo_plan(DemoOptions(db_path=Path("x.db")))
+    assert [(b.profile.name, b.tickers) for b in repeat_plan(boxes)] == [("moe", 28), ("dense", 3)]
+    _, small = demo_plan(DemoOptions(db_path=Path("x.db"), tickers=14, steps=3))
+    assert [b.tickers for b in repeat_plan(small)] == [14, 3]  # at least one round, never more than the box ran
+
+
 @pytest.mark.slow
 def test_demo_adds_runs_holding_the_seeds_picture(tmp_path: Path) -> None:
-    """14 tickers × 3 calls on MoE, 3 × 3 on dense (its share), into a ledger that already has a run.
+    """14 tickers × 3 calls on MoE, 3 × 3 on dense (its share), into a ledger that already has a run; each
+    box once more with another seed (here on all its tickers: one round), and the decision at the end.
 
     The ratio's tolerance comes from the emulator's timing model: run closed-loop in pure emulated
     time (`emulator.simulate`'s scheduler) with this shape, MoE ÷ dense is 7.0-8.3× aggregate and
@@ -110,15 +120,19 @@ def test_demo_adds_runs_holding_the_seeds_picture(tmp_path: Path) -> None:
     assert "chain intact" in result.stdout
     assert f"added to the existing {db_file.name} (1 run in it already; nothing is deleted)" in result.stdout
     lines = result.stdout.splitlines()
-    assert all(cell_len(line) <= 100 for line in lines), [line for line in lines if cell_len(line) > 100]
+    # every line fits 100 columns but a URL, printed whole on a line of its own (a wrapped one would not open)
+    wide = [line for line in lines if cell_len(line) > 100 and not re.fullmatch(r" *http://\S+", line)]
+    assert wide == []
     runs, tickers, events = _reports(db_file)
-    assert events == 2 + 2 * (14 * 3 + 3 * 3)  # the earlier call, then each demo call's started + finished
-    by_profile = {row.run.split("-")[0]: row for row in runs}
-    assert set(by_profile) == {"earlier", "moe", "dense"}
+    # the earlier call, then each demo call's started + finished (the batches, then their repetitions)
+    assert events == 2 + 2 * 2 * (14 * 3 + 3 * 3)
+    by_profile = {row.run.split("-")[0] + ("-again" if row.run.endswith("-seed2") else ""): row for row in runs}
+    assert set(by_profile) == {"earlier", "moe", "dense", "moe-again", "dense-again"}
     assert by_profile["earlier"].calls == 1  # kept
     for name, ticker_count in (("moe", 14), ("dense", 3)):
-        row = by_profile[name]
+        row, again = by_profile[name], by_profile[f"{name}-again"]
         assert re.fullmatch(rf"{name}-\d{{8}}-\d{{6}}", row.run)  # to the second: two demos never merge
+        assert again.run == f"{row.run}-seed2" and (again.calls, again.failed_calls) == (ticker_count * 3, 0)
         assert (row.calls, row.failed_calls, row.tickers) == (ticker_count * 3, 0, ticker_count)
         assert row.calls_per_ticker.min == row.calls_per_ticker.max == 3
         assert row.input_tokens > row.calls * 10_000  # ≈10.8k-token prompts
@@ -134,13 +148,47 @@ def test_demo_adds_runs_holding_the_seeds_picture(tmp_path: Path) -> None:
     assert 0.85 * SEED_PER_CALL_RATIO <= per_call <= 1.15 * SEED_PER_CALL_RATIO, per_call
     assert per_call < aggregate / 3  # the trap: averaging per call hides most of the difference
     assert len([t for t in tickers if t.run in (moe.run, dense.run)]) == 14 + 3
-    eras = result.stdout[result.stdout.index("Eras by model") :]
-    for run in (moe, dense):  # one era per model, its aggregate throughput as the runs table has it
-        assert run.model is not None and run.model in eras and f"{run.throughput_tps:,.0f}" in eras
-        # the runs table names each run in full, on the line of its throughput
-        assert any(run.run in line and f"{run.throughput_tps:,.0f}" in line for line in lines)
+    _check_decision(result.stdout, db_file, moe.run, dense.run)
+    eras = result.stdout[result.stdout.index("Eras by model") : result.stdout.index("labels of run")]
+    for run in (moe, dense):
+        again = by_profile[f"{run.run.split('-')[0]}-again"]
+        assert run.throughput_tps is not None and again.throughput_tps is not None
+        # one era per model: the mean aggregate throughput of its batch and repetition, as the runs table has them
+        era = next(line for line in eras.splitlines() if line.split()[:1] == [run.model])
+        assert f"{(run.throughput_tps + again.throughput_tps) / 2:,.0f}" in era.split(), era
+        for row in (run, again):  # the runs table names each run in full, on the line of its throughput
+            assert any(row.run in line and f"{row.throughput_tps:,.0f}" in line for line in lines)
     story = next(line for line in lines if line.lstrip().startswith("aggregate t/s"))
     assert f"{aggregate:.1f}×" in story and "911 ÷ 118 = 7.7×" in story
+
+
+def _check_decision(stdout: str, db_file: Path, moe: str, dense: str) -> None:
+    """The demo ends with `ledger decide` over both boxes, each with self-agreement, and says what is synthetic."""
+    decision = stdout[stdout.index("The decision") :]
+    assert "ledger decide" in decision and "/_ledger/ui/decide?a=" in decision
+    assert "The grades and returns are synthetic." in " ".join(decision.split())
+    scale = "Strong Sell,Sell,Hold,Buy,Strong Buy"
+    a, b = [moe, f"{moe}-seed2"], [dense, f"{dense}-seed2"]
+    command = ["decide", "--a", *a, "--b", *b, "--scale", scale, "--format", "json", "--db", f"sqlite:///{db_file}"]
+    report = subprocess.run(
+        [sys.executable, "-m", "usage_ledger.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    figures = msgspec.json.decode(report.stdout)
+    for group, runs in (("a", a), ("b", b)):
+        got = figures[group]
+        assert got["runs"] == runs
+        # self-agreement: the rate is there for both boxes; kappa too unless every grade was one label
+        assert got["self_agree_rate"] is not None and 0 <= got["self_agree_rate"] <= 1, got
+        assert got["self_qwk"] is not None or any(item.startswith("QWK") for item in figures["unmeasured"]), figures
+        # the synthetic returns cover every ticker: rank IC is there unless a run gave one label to every key
+        assert got["rank_ic"] is not None or any(item.startswith("rank IC") for item in figures["unmeasured"])
+        shares = got["label_shares"]
+        assert set(shares) == set(scale.split(",")) and max(shares, key=shares.get) == "Hold"  # Hold-heavy
+    assert not any("no returns" in item or "one run only" in item for item in figures["unmeasured"])
 
 
 @pytest.mark.slow
@@ -164,6 +212,6 @@ def test_readme_setup_commands_work_in_a_fresh_environment(tmp_path: Path) -> No
     assert "installing usage-ledger and its runtime dependencies" in demo.stdout  # said, not silent
     for tool in ("pytest", "mypy", "ruff", "playwright"):  # the demo needs the product, not the toolchain
         assert not (venv / "bin" / tool).exists(), tool
-    assert "chain intact" in demo.stdout
+    assert "chain intact" in demo.stdout and "The grades and returns are synthetic." in " ".join(demo.stdout.split())
     runs, _, _ = _reports(db_file)
-    assert len(runs) == 2
+    assert len(runs) == 4  # each box's batch and its repetition

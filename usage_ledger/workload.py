@@ -68,9 +68,12 @@ async def run_workload(
     steps: int,
     concurrency: int,
     model: str,
+    seed: int | None = None,
     on_call: Callable[[int], None] = lambda _tokens: None,
 ) -> WorkloadResult:
-    """Send every ticker's steps through the gateway at `base_url`; tags go in X-Ledger-* headers."""
+    """Send every ticker's steps through the gateway at `base_url`; tags go in X-Ledger-* headers.
+
+    `seed`: the requests' sampling seed (vLLM's per-request `seed`), none by default."""
     client = openai.AsyncOpenAI(
         base_url=f"{base_url}/v1",
         api_key="sk-demo-not-a-real-key",
@@ -92,6 +95,8 @@ async def run_workload(
             "extra_headers": headers,
             "extra_body": {"chat_template_kwargs": {"enable_thinking": False}},
         }
+        if seed is not None:
+            common["seed"] = seed
         if step == steps - 1:
             # The summary step streams, without asking for usage (the gateway asks upstream and hides
             # the usage chunk). Raw lines: the SDK's per-chunk model building would dominate the demo.

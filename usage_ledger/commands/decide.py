@@ -166,8 +166,8 @@ def print_decision(result: Decision) -> None:
     """Groups as columns, then between-group agreement, flipped keys and what is unmeasured."""
     console = Console(width=_width(), soft_wrap=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    for i, name in enumerate(("figure", "a", "b")):
-        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold")
+    for i, name in enumerate(("figure", "a", "b")):  # long run names fold, the figures' names never
+        table.add_column(name, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 0)
     for row in _rows(result.a, result.b):
         table.add_row(*row)
     console.print("[bold]Decision[/bold]: the evidence side by side (no verdict)")

@@ -17,7 +17,9 @@ __all__ = ("register",)
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser(
-        "demo", help="emulator + gateway + a seed-shaped batch on two boxes, added to a SQLite ledger, then the reports"
+        "demo",
+        help="emulator + gateway + a seed-shaped batch on two boxes, added to a SQLite ledger, then the reports "
+        "and `ledger decide` on synthetic grades",
     )
     demo.add_argument(
         "--db-file",

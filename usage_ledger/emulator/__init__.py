@@ -53,6 +53,10 @@ the per-request ``metrics`` block and ``/emulator/requests`` are in emulated tim
 cannot keep up, emulated time slows down instead of skipping, so reported timings stay
 consistent with the model.
 
+Grade line (``--grade-line``, off by default): every chat/completions answer starts with
+``Grade: <label>`` on ``GRADE_SCALE`` (Strong Sell … Strong Buy), a synthetic seeded draw, Hold-heavy,
+deterministic per model, seed (the request's ``seed``, else ``--seed``) and prompt; see `emulator.grades`.
+
 Faults (header ``X-Emulator-Fault`` per request, or ``--fault`` for every request;
 comma-separated)::
 
@@ -75,10 +79,12 @@ from usage_ledger.emulator.app import EmulatorApp, create_app
 from usage_ledger.emulator.config import PROFILES, EmulatorConfig, profile_config
 from usage_ledger.emulator.engine import Engine, RequestRecord
 from usage_ledger.emulator.faults import Faults, parse_faults
+from usage_ledger.emulator.grades import GRADE_SCALE
 from usage_ledger.emulator.server import RunningEmulator, running_emulator, serve
 from usage_ledger.emulator.simulate import SimulationResult, simulate
 
 __all__ = (
+    "GRADE_SCALE",
     "PROFILES",
     "EmulatorApp",
     "EmulatorConfig",

@@ -31,7 +31,7 @@ _OVERRIDES: tuple[tuple[str, type, str], ...] = (
     ("acceptance_rate", float, "accepted / drafted tokens"),
     ("mean_output_tokens", int, "mean natural completion length"),
     ("output_spread", float, "natural length = mean * (1 +- spread), uniform"),
-    ("seed", int, "seed of the acceptance draws"),
+    ("seed", int, "seed of the acceptance draws and of --grade-line labels (a request's own `seed` wins there)"),
     ("embedding_dim", int, "length of /v1/embeddings vectors (default 256)"),
     ("kv_cache_size_tokens", int, "KV cache capacity in tokens (what vLLM sizes from GPU memory)"),
     ("block_size", int, "tokens per KV block (vLLM's flag; default 16)"),
@@ -98,6 +98,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="look prompts up in the prefix cache, counted in vllm:prefix_cache_queries_total; the emulator "
         "never finds a hit (vLLM's flag; the profiles: off)",
     )
+    p.add_argument(
+        "--grade-line",
+        action="store_true",
+        help="start each chat/completions answer with a synthetic 'Grade: <label>' line (Strong Sell..Strong Buy, "
+        "Hold-heavy), deterministic per model, seed and prompt",
+    )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     for name, kind, help_text in _OVERRIDES:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=help_text)
@@ -124,6 +130,7 @@ def build_config(args: argparse.Namespace) -> EmulatorConfig:
         runner=args.runner,
         enable_auto_tool_choice=args.enable_auto_tool_choice,
         tool_call_parser=args.tool_call_parser,
+        grade_line=args.grade_line,
         **overrides,
     )
 

@@ -43,7 +43,8 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     needs `spec_tokens > 0`, as vLLM needs `--speculative-config`), `enable_auto_tool_choice`
     with `tool_call_parser` (tools are accepted; the emulator answers with text, never a call).
     `runner` is vLLM's `--runner`: a `generate` server serves chat, completions and responses, a
-    `pooling` one `/v1/embeddings` only (the other's paths are 404, as in vLLM).
+    `pooling` one `/v1/embeddings` only (the other's paths are 404, as in vLLM). `grade_line` starts
+    every chat/completions answer with `Grade: <label>`, seeded (`emulator.grades`; off by default).
 
     KV cache (vLLM's `CacheConfig`): `kv_cache_size_tokens` is the profile's capacity, what vLLM
     would size from GPU memory; it holds `kv_cache_size_tokens // block_size` blocks unless
@@ -83,6 +84,7 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
     cache_dtype: str = "fp8"
     enable_prefix_caching: bool = False
     gpu_memory_utilization: float = 0.9
+    grade_line: bool = False
 
     @property
     def kv_block_size(self) -> int:

@@ -11,6 +11,7 @@ from usage_ledger.emulator.bodies import ChatChoice, ChatCompletion, ChatRespons
 from usage_ledger.emulator.config import EmulatorConfig
 from usage_ledger.emulator.engine import Engine
 from usage_ledger.emulator.faults import Faults
+from usage_ledger.emulator.grades import grade_of
 from usage_ledger.emulator.lengths import natural_length, output_plan
 from usage_ledger.emulator.lifecycle import (
     BadRequest,
@@ -26,7 +27,7 @@ from usage_ledger.emulator.logprobs import chat_logprobs, completion_logprobs, p
 from usage_ledger.emulator.per_request import PerRequestMetrics, per_request_metrics
 from usage_ledger.emulator.scheduler import Sequence
 from usage_ledger.emulator.sse import DONE, StreamChunks, error_event
-from usage_ledger.emulator.tokenizer import PIECES, decode, generated_text
+from usage_ledger.emulator.tokenizer import PIECES, Answer, decode, lead_pieces
 from usage_ledger.emulator.validate import prompt_of, validate
 from usage_ledger.emulator.version import system_fingerprint
 from usage_ledger.emulator.wire import ChatRequest, CompletionRequest, PromptTokensDetails, Usage, error_body
@@ -42,12 +43,12 @@ _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 class _Choice:
     """One of the `n` choices: an engine sequence of its own (vLLM's parallel sampling)."""
 
-    __slots__ = ("index", "offset", "seq", "stop_reason")
+    __slots__ = ("answer", "index", "seq", "stop_reason")
 
-    def __init__(self, index: int, seq: Sequence, offset: int, stop_reason: str | int | None):
+    def __init__(self, index: int, seq: Sequence, answer: Answer, stop_reason: str | int | None):
         self.index = index
         self.seq = seq
-        self.offset = offset  # where its text starts in the passage rotation
+        self.answer = answer  # its text: a grade line (when on), then the passage rotation
         self.stop_reason = stop_reason  # the stop string / token id a natural stop reports
 
 
@@ -120,6 +121,14 @@ def _prompt_top(req: ChatRequest | CompletionRequest) -> int | None:
     return req.logprobs if isinstance(req, CompletionRequest) and req.echo else None
 
 
+def _grade_lead(config: EmulatorConfig, req: ChatRequest | CompletionRequest, key: bytes) -> tuple[str, ...]:
+    """The grade line's tokens (none unless `grade_line`); `key` is the choice's (the prompt, `#i` for i > 0)."""
+    if not config.grade_line:
+        return ()
+    seed = req.seed if req.seed is not None else config.seed
+    return lead_pieces("Grade: " + grade_of(config.model, seed, key))
+
+
 def _usage_flags(config: EmulatorConfig, req: ChatRequest | CompletionRequest) -> tuple[bool, bool]:
     """vLLM's `should_include_usage`: (usage chunk, usage on every chunk); forced = (True, True)."""
     if config.enable_force_include_usage:
@@ -165,7 +174,8 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
         )
         seq_id = request_id if req.n == 1 else f"{i}_{request_id}"  # vLLM's child request ids
         seq = Sequence(seq_id, prompt_tokens, n_out, reason, now, skip_prefix_cache=skip_prefix_cache)
-        choices.append(_Choice(i, seq, natural % len(PIECES), req.stop_reason() if reason == "stop" else None))
+        answer = Answer(natural % len(PIECES), _grade_lead(config, req, key))
+        choices.append(_Choice(i, seq, answer, req.stop_reason() if reason == "stop" else None))
     call = _Call(config, req, request_id, choices, int(now), (prompt_text, prompt_ids))
     extra = [(b"x-request-id", base_id.encode())]
     async with running(engine, receive, *call.seqs) as disconnected:
@@ -176,7 +186,7 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
                 request_id=request_id,
                 created=call.created,
                 model=config.model,
-                offsets=[c.offset for c in choices],
+                answers=[c.answer for c in choices],
                 prompt_tokens=prompt_tokens,
                 include_usage=include_usage,
                 usage_each=usage_each,
@@ -276,10 +286,10 @@ def _body(call: _Call) -> bytes:
         chat_choices = [
             ChatChoice(
                 index=c.index,
-                message=ChatResponseMessage(content=generated_text(c.offset, c.seq.generated)),
+                message=ChatResponseMessage(content=c.answer.text(0, c.seq.generated)),
                 finish_reason=c.seq.finish_reason,
                 stop_reason=c.stop_reason,
-                logprobs=None if top is None else chat_logprobs(c.offset, 0, c.seq.generated, top),
+                logprobs=None if top is None else chat_logprobs(c.answer, 0, c.seq.generated, top),
             )
             for c in call.choices
         ]
@@ -299,10 +309,10 @@ def _body(call: _Call) -> bytes:
     completion_choices = [
         CompletionChoice(
             index=c.index,
-            text=(call.prompt_text if call.echo else "") + generated_text(c.offset, c.seq.generated),
+            text=(call.prompt_text if call.echo else "") + c.answer.text(0, c.seq.generated),
             finish_reason=c.seq.finish_reason,
             stop_reason=c.stop_reason,
-            logprobs=None if top is None else completion_logprobs(c.offset, 0, c.seq.generated, top, echo=echo),
+            logprobs=None if top is None else completion_logprobs(c.answer, 0, c.seq.generated, top, echo=echo),
             prompt_logprobs=prompt_lp,
         )
         for c in call.choices

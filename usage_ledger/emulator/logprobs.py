@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from usage_ledger.emulator.tokenizer import BYTES_PER_TOKEN, PIECES, decode, encode
+from usage_ledger.emulator.tokenizer import BYTES_PER_TOKEN, PIECES, Answer, decode, encode
 
 __all__ = (
     "ChatLogprobs",
@@ -68,15 +68,12 @@ def _alternatives(position: int, k: int) -> list[tuple[str, float]]:
     return [(PIECES[(position * 7 + 3 * a + 1) % len(PIECES)], round(base - 1.5 * (a + 1), 4)) for a in range(k)]
 
 
-def _piece(offset: int, i: int) -> str:
-    return PIECES[(offset + i) % len(PIECES)]
-
-
-def chat_logprobs(offset: int, start: int, n: int, top: int) -> ChatLogprobs:
-    """Chat logprobs of generated tokens [start, start + n) of the rotation at `offset`."""
+def chat_logprobs(answer: Answer, start: int, n: int, top: int) -> ChatLogprobs:
+    """Chat logprobs of generated tokens [start, start + n) of `answer`."""
+    offset = answer.offset
     content = []
     for i in range(start, start + n):
-        token = _piece(offset, i)
+        token = answer.piece(i)
         alts = [(token, _logprob(offset + i)), *_alternatives(offset + i, top)][:top]
         content.append(
             TokenLogprob(
@@ -98,9 +95,10 @@ def prompt_pieces(prompt_text: str, prompt_ids: list[int] | None) -> list[str]:
 
 
 def completion_logprobs(
-    offset: int, start: int, n: int, top: int, *, text_offset: int = 0, echo: list[str] | None = None
+    answer: Answer, start: int, n: int, top: int, *, text_offset: int = 0, echo: list[str] | None = None
 ) -> CompletionLogprobs:
-    """Completions logprobs of generated tokens [start, start + n), after the `echo`ed prompt tokens."""
+    """Completions logprobs of `answer`'s tokens [start, start + n), after the `echo`ed prompt tokens."""
+    offset = answer.offset
     out = CompletionLogprobs([], [], [], [])
     at = text_offset
     for j, token in enumerate(echo or []):
@@ -115,7 +113,7 @@ def completion_logprobs(
             out.top_logprobs.append({token: lp, **dict(_alternatives(-j, top))})
         at += len(token)
     for i in range(start, start + n):
-        token = _piece(offset, i)
+        token = answer.piece(i)
         lp = _logprob(offset + i)
         out.text_offset.append(at)
         out.tokens.append(token)

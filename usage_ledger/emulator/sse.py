@@ -25,7 +25,7 @@ import msgspec
 
 from usage_ledger.emulator.logprobs import chat_logprobs, completion_logprobs
 from usage_ledger.emulator.per_request import PerRequestMetrics, exclude_none
-from usage_ledger.emulator.tokenizer import PIECES, generated_text
+from usage_ledger.emulator.tokenizer import PIECES, Answer, generated_text
 from usage_ledger.emulator.wire import PromptTokensDetails, Usage, error_body
 
 __all__ = ("DONE", "StreamChunks", "error_event")
@@ -35,7 +35,10 @@ _encode = msgspec.json.Encoder().encode
 _content_cache: dict[tuple[int, int], bytes] = {}
 
 
-def _content(offset: int, n: int) -> bytes:
+def _content(answer: Answer, start: int, n: int) -> bytes:
+    if start < len(answer.lead):  # the grade line: once per answer, not worth a cache entry
+        return _encode(answer.text(start, n))
+    offset = answer.offset + start
     key = (offset % len(PIECES), n)
     cached = _content_cache.get(key)
     if cached is None:
@@ -62,7 +65,7 @@ class _UsageChunk(msgspec.Struct, kw_only=True):
 
 
 class StreamChunks:
-    """Builds the events of one streamed response (one choice per `offsets` entry, `n` > 1 too).
+    """Builds the events of one streamed response (one choice per `answers` entry, `n` > 1 too).
 
     `logprobs` (the number of alternatives, None when not asked) puts vLLM's logprobs on each
     content chunk; `echo` (completions) starts each choice's first content chunk with the
@@ -71,6 +74,7 @@ class StreamChunks:
     """
 
     __slots__ = (
+        "_answers",
         "_created",
         "_echo",
         "_echoed",
@@ -80,7 +84,6 @@ class StreamChunks:
         "_logprobs",
         "_model",
         "_object",
-        "_offsets",
         "_prompt_tokens",
         "_request_id",
         "_tail",
@@ -96,7 +99,7 @@ class StreamChunks:
         request_id: str,
         created: int,
         model: str,
-        offsets: list[int],
+        answers: list[Answer],
         prompt_tokens: int,
         include_usage: bool,
         usage_each: bool,
@@ -105,7 +108,7 @@ class StreamChunks:
         echo: tuple[str, list[str]] | None = None,
     ):
         self.chat = chat
-        self._offsets = offsets  # per choice: where its text starts in the passage rotation
+        self._answers = answers  # per choice: its text
         self._request_id = request_id
         self._created = created
         self._model = model
@@ -115,8 +118,8 @@ class StreamChunks:
         self._fingerprint = fingerprint
         self._logprobs = logprobs
         self._echo = echo  # (prompt text, prompt tokens as text), sent with each choice's first chunk
-        self._echoed = [echo is None] * len(offsets)
-        self._text_at = [0] * len(offsets)  # completions logprobs: text offset of each choice's next token
+        self._echoed = [echo is None] * len(answers)
+        self._text_at = [0] * len(answers)  # completions logprobs: text offset of each choice's next token
         self._object = "chat.completion.chunk" if chat else "text_completion"
         self._head = (
             b'data: {"id":'
@@ -154,19 +157,19 @@ class StreamChunks:
         )
 
     def _text_and_logprobs(self, index: int, start: int, n: int) -> tuple[bytes, bytes]:
-        offset = self._offsets[index]
+        answer = self._answers[index]
         echo = None
         if not self._echoed[index]:
             self._echoed[index] = True
             echo = self._echo
-        text = _content(offset + start, n) if echo is None else _encode(echo[0] + generated_text(offset + start, n))
+        text = _content(answer, start, n) if echo is None else _encode(echo[0] + answer.text(start, n))
         top = self._logprobs
         if top is None:
             return text, b"null"
         if self.chat:
-            return text, _encode(chat_logprobs(offset, start, n, top))
+            return text, _encode(chat_logprobs(answer, start, n, top))
         at = self._text_at[index]
-        lp = completion_logprobs(offset, start, n, top, text_offset=at, echo=None if echo is None else echo[1])
+        lp = completion_logprobs(answer, start, n, top, text_offset=at, echo=None if echo is None else echo[1])
         if lp.tokens:
             self._text_at[index] = lp.text_offset[-1] + len(lp.tokens[-1])
         return text, _encode(lp)
@@ -177,7 +180,7 @@ class StreamChunks:
     def content(self, index: int, start: int, n: int, generated: int) -> bytes:
         """A content chunk of choice `index` for its tokens [start, start + n); `generated`: its running total."""
         if self._logprobs is None and self._echoed[index]:
-            text = _content(self._offsets[index] + start, n)
+            text = _content(self._answers[index], start, n)
             return self._choice(index, text) + self._tail + self._usage(generated) + b"}\n\n"
         text, logprobs = self._text_and_logprobs(index, start, n)
         tail = b',"finish_reason":null,"token_ids":null}]'

@@ -5,20 +5,24 @@ Token ids are the chunk's bytes read as a big-endian integer behind a 0x01 marke
 An ASCII string of 4*N characters is exactly N tokens. Chat requests are rendered with a
 ChatML-like template before counting (see `render_chat`). Generated text is a rotation of a
 fixed passage cut into 4-character pieces, so re-tokenizing a completion gives its
-`completion_tokens` exactly.
+`completion_tokens` exactly; an `Answer` may begin with a lead (a grade line, `emulator.grades`)
+whose 4-character pieces take the place of the first tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 __all__ = (
     "BYTES_PER_TOKEN",
     "PIECES",
+    "Answer",
     "count_tokens",
     "decode",
     "encode",
     "generated_text",
+    "lead_pieces",
     "render_chat",
 )
 
@@ -74,3 +78,31 @@ def generated_text(offset: int, n_tokens: int) -> str:
     start = offset % n
     reps = (start + n_tokens) // n + 1
     return (_PADDED * reps)[start * BYTES_PER_TOKEN : (start + n_tokens) * BYTES_PER_TOKEN]
+
+
+def lead_pieces(line: str) -> tuple[str, ...]:
+    """`line` and a blank line as whole tokens: padded with spaces before its newlines to a multiple of 4 bytes."""
+    if not line.isascii() or "\n" in line:
+        raise ValueError(f"a lead is one line of ASCII, got {line!r}")
+    text = line + " " * (-(len(line) + 2) % BYTES_PER_TOKEN) + "\n\n"
+    return tuple(text[i : i + BYTES_PER_TOKEN] for i in range(0, len(text), BYTES_PER_TOKEN))
+
+
+class Answer(NamedTuple):
+    """One choice's generated text: the `lead`'s pieces as its first tokens, then the rotation at `offset`
+    (token i past the lead is the rotation's token `offset + i`, as without a lead)."""
+
+    offset: int
+    lead: tuple[str, ...] = ()
+
+    def piece(self, i: int) -> str:
+        """Token `i` as text."""
+        return self.lead[i] if i < len(self.lead) else PIECES[(self.offset + i) % len(PIECES)]
+
+    def text(self, start: int, n: int) -> str:
+        """Tokens [start, start + n) as text."""
+        if start >= len(self.lead):
+            return generated_text(self.offset + start, n)
+        head = "".join(self.lead[start : start + n])
+        rest = start + n - len(self.lead)
+        return head + (generated_text(self.offset + len(self.lead), rest) if rest > 0 else "")

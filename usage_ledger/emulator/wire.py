@@ -70,6 +70,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
+    seed: int | None = None  # vLLM's per-request sampling seed; here it only picks the grade line's label
 
     def stop_reason(self) -> str | int | None:
         """What a natural stop reports: the first stop string or stop token id asked for, else None (EOS)."""
