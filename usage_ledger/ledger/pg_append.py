@@ -154,7 +154,7 @@ class PostgresAppender:
     @staticmethod
     async def _write_blobs(conn: Any, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
         unique = list({blob.hash: blob for blob in blobs}.values())
-        await conn.execute("BEGIN; SET LOCAL synchronous_commit TO off")  # one round trip (simple query)
+        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off")
         try:
             await conn.execute(
                 _INSERT_BLOBS,
@@ -175,7 +175,9 @@ class PostgresAppender:
     async def _append_events(
         conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
     ) -> tuple[int, int, int]:
-        async with conn.transaction():
+        # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
+        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
+        async with conn.transaction(isolation="read_committed"):
             head = await conn.fetchrow(_READ_HEAD)  # the lock and the tail, one statement
             if head is None:
                 raise LedgerError("the ledger has no head row (ledger_head): run `ledger db upgrade`")
