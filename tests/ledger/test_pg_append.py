@@ -133,3 +133,25 @@ async def test_upgrade_fills_the_head_from_a_ledger_with_events(database: Databa
     await append_events(database, call_events(3))
     report = await verify_chain(database)
     assert report.ok and report.checked == 6, report
+
+
+async def test_a_head_behind_the_events_is_refused_and_the_documented_repair_restores_appends(
+    pg_database: Database,
+) -> None:
+    await append_events(pg_database, call_events(1) + call_events(2))
+    async with pg_database.engine.begin() as conn:  # what an older gateway's append after the upgrade leaves
+        await conn.execute(
+            text("UPDATE ledger_head SET position = 2, hash = (SELECT hash FROM ledger_events WHERE position = 2)")
+        )
+    with pytest.raises(LedgerError, match="the head is behind the events"):
+        await append_events(pg_database, call_events(3))
+    async with pg_database.engine.begin() as conn:  # docs/operations.md, Several gateways
+        await conn.execute(
+            text(
+                "UPDATE ledger_head SET (position, hash) = "
+                "(SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1) WHERE id = 1"
+            )
+        )
+    assert (await append_events(pg_database, call_events(3))).last_position == 6
+    report = await verify_chain(pg_database)
+    assert report.ok and report.checked == 6, report

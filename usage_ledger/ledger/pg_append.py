@@ -53,6 +53,11 @@ SELECT h, sz, c, st, ct, $6 FROM unnest($1::text[], $2::bigint[], $3::text[], $4
     AS b(h, sz, c, st, ct)
 ON CONFLICT (hash) DO NOTHING
 """
+_STALE_HEAD = (
+    "append to {url} refused: a position after ledger_head is already stored, so the head is behind the events "
+    "(a gateway of a version before migration 0005 appended after `ledger db upgrade`?); stop it, then set the "
+    "head to the stored tail (docs/operations.md, Several gateways)"
+)
 # SQLSTATE classes meaning "the database cannot take this now" (the writer spools and retries):
 # connection exception, insufficient resources (a full disk), operator intervention (shutdown).
 _UNAVAILABLE_CLASSES = ("08", "53", "57")
@@ -117,7 +122,12 @@ class PostgresAppender:
                 result, error = None, exc
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
                 caller.call_soon_threadsafe(_settle, done, result, error)
-        await self._reset()
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close(timeout=5)
+            except Exception:  # the server is gone or slow: drop the socket
+                conn.terminate()
 
     async def _append(
         self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
@@ -128,7 +138,9 @@ class PostgresAppender:
                 await self._write_blobs(conn, blobs, recorded_at)
             try:
                 return await self._append_events(conn, batch, recorded_at, check_existing=False)
-            except asyncpg.UniqueViolationError:
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "pk_ledger_events":
+                    raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
                 # Optimistic first try: insert as if no event id were stored yet (the unique index checks
                 # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
                 return await self._append_events(conn, batch, recorded_at, check_existing=True)
