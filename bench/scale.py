@@ -15,8 +15,8 @@ latency = gateway - direct (p50, p99) per kind, measured in the same run.
 
 During the gateway phase a thread (`scale_probe.LockSampler`) samples `pg_stat_activity` joined with `pg_locks` every
 `--sample-ms` for the database's client backends: the share of samples in which some backend
-holds the append's advisory lock (`ledger.append.APPEND_LOCK_KEY`, taken by
-`pg_advisory_xact_lock` and held to the end of COMMIT, WAL flush included), the backend-seconds
+holds the append lock (the `ledger_head` row, taken by `SELECT … FOR UPDATE` and held to the end
+of COMMIT, WAL flush included), the backend-seconds
 spent waiting for it (samples x interval), and what the backends were waiting on otherwise
 (state:wait_event_type:wait_event, for the lock's holder and for the others; `active:CPU` = running,
 `idle in transaction` = waiting for the gateway's next statement). No instrumentation in the gateway.

@@ -1,8 +1,8 @@
 """What `bench/scale.py` watches while it drives the gateways: the append lock, CPU of PostgreSQL and the machine.
 
 `LockSampler` samples `pg_stat_activity` joined with `pg_locks` from its own connection (nothing
-is added to the gateway): who holds the append's advisory lock (`ledger.append.APPEND_LOCK_KEY`),
-who waits for it, and what the holder is doing meanwhile.
+is added to the gateway): who holds the append lock (the row of `ledger_head`, locked by
+`SELECT … FOR UPDATE`), who waits for it, and what the holder is doing meanwhile.
 """
 
 from __future__ import annotations
@@ -17,12 +17,15 @@ from pathlib import Path
 import asyncpg  # type: ignore[import-untyped]
 from gateway import cpu_seconds
 
-from usage_ledger.ledger.append import APPEND_LOCK_KEY
-
+# A row lock is not listed in pg_locks, but the transaction that took it holds a lock on the table
+# (`RowShareLock`) until its COMMIT ends: the holder is the backend with that lock that is not itself
+# waiting for a lock; the others with it wait for the holder (`Lock:transactionid` or `Lock:tuple`).
 SAMPLE_SQL = """
-SELECT a.state, a.wait_event_type, a.wait_event, l.granted
+SELECT a.state, a.wait_event_type, a.wait_event,
+       CASE WHEN h.pid IS NULL THEN NULL ELSE a.wait_event_type IS DISTINCT FROM 'Lock' END AS granted
 FROM pg_stat_activity a
-LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' AND l.objid = $2
+LEFT JOIN (SELECT DISTINCT pid FROM pg_locks
+           WHERE locktype = 'relation' AND relation = to_regclass('ledger_head') AND granted) h ON h.pid = a.pid
 WHERE a.datname = $1 AND a.backend_type = 'client backend' AND a.pid <> pg_backend_pid()
 """
 
@@ -57,7 +60,7 @@ class LockSampler:
             first = await conn.fetchval(commits_sql, self.datname)
             next_at = time.perf_counter()
             while not self._stop.is_set():
-                rows = await conn.fetch(SAMPLE_SQL, self.datname, APPEND_LOCK_KEY)
+                rows = await conn.fetch(SAMPLE_SQL, self.datname)
                 self.samples += 1
                 self.held += any(r["granted"] is True for r in rows)
                 for r in rows:

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from datetime import datetime
 
 import msgspec
 import zstandard
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.errors import BlobNotFound
 from usage_ledger.ledger.events import utc_now
 from usage_ledger.ledger.schema import blobs
 
-__all__ = ("BlobCompressor", "PreparedBlob", "blob_hash", "blob_redacted_at", "read_blob", "redact_blob", "write_blobs")
+__all__ = ("BlobCompressor", "PreparedBlob", "blob_hash", "blob_redacted_at", "read_blob", "redact_blob")
 
 # Bodies shorter than this are stored raw: zstd's frame overhead would make them larger.
 _MIN_COMPRESS = 64
@@ -67,28 +66,6 @@ class BlobCompressor:
     def forget(self) -> None:
         """After a failed commit nothing this process prepared is known to be stored."""
         self._known.clear()
-
-
-async def write_blobs(conn: AsyncConnection, prepared: Sequence[PreparedBlob], now: datetime | None = None) -> None:
-    """Insert blobs that are not stored yet (a concurrent writer of the same bytes is fine)."""
-    if not prepared:
-        return
-    unique = {blob.hash: blob for blob in prepared}
-    now = now or utc_now()
-    rows = [
-        {
-            "hash": b.hash,
-            "size": b.size,
-            "codec": b.codec,
-            "stored_size": len(b.content),
-            "content": b.content,
-            "created_at": now,
-        }
-        for b in unique.values()
-    ]
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(blobs).on_conflict_do_nothing(index_elements=["hash"])
-    await conn.execute(statement, rows)
 
 
 _decompressor = zstandard.ZstdDecompressor()

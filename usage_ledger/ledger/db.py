@@ -1,7 +1,8 @@
 """Opening the ledger database from a plain URL, with the project's async drivers and hooks.
 
 `sqlite:///path.db` → aiosqlite, WAL, `BEGIN IMMEDIATE` for writers (serialized appends);
-`postgresql://user@host/db` → asyncpg. Any other scheme is a `ConfigError`.
+`postgresql://user@host/db` → asyncpg, appends on their own thread and connection
+(`pg_append.PostgresAppender`). Any other scheme is a `ConfigError`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.pg_append import PostgresAppender
 from usage_ledger.ledger.sqlite_append import SqliteAppender
 
 __all__ = ("Database", "async_url", "open_database")
@@ -34,6 +36,7 @@ class Database:
     backend: Backend
     url: str
     sqlite_appender: SqliteAppender | None = None
+    postgres_appender: PostgresAppender | None = None
 
     @property
     def safe_url(self) -> str:
@@ -48,6 +51,8 @@ class Database:
     async def dispose(self) -> None:
         if self.sqlite_appender is not None:
             self.sqlite_appender.close()
+        if self.postgres_appender is not None:
+            self.postgres_appender.close()
         await self.engine.dispose()
 
 
@@ -87,11 +92,16 @@ def open_database(
     if backend == "sqlite":
         kwargs.setdefault("connect_args", {}).setdefault("timeout", 30)
     engine = create_async_engine(driver_url, **kwargs)
-    appender = None
     if backend == "sqlite":
         _install_sqlite_hooks(engine, sqlite_synchronous.upper())
         appender = SqliteAppender(make_url(driver_url).database or ":memory:", sqlite_synchronous.upper())
-    return Database(engine=engine, backend=backend, url=url, sqlite_appender=appender)
+        return Database(engine=engine, backend=backend, url=url, sqlite_appender=appender)
+    # the appender's own connection, from the same URL as the engine's (host, port, user, ssl…)
+    _, connect_kwargs = engine.dialect.create_connect_args(engine.url)
+    safe_url = make_url(url).render_as_string(hide_password=True)
+    return Database(
+        engine=engine, backend=backend, url=url, postgres_appender=PostgresAppender(connect_kwargs, safe_url)
+    )
 
 
 def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Column,
     DateTime,
     Dialect,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     Uuid,
 )
 
-__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "metadata", "sqlite_bind", "sqlite_time")
+__all__ = ("UTCDateTime", "blobs", "checkpoints", "events", "head", "metadata", "sqlite_bind", "sqlite_time")
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -97,6 +98,18 @@ blobs = Table(
     Column("content", LargeBinary(), nullable=True),
     Column("created_at", UTCDateTime(), nullable=False),
     Column("redacted_at", UTCDateTime(), nullable=True),
+)
+
+head = Table(
+    "ledger_head",
+    metadata,
+    # One row: the chain's last position and hash (0 and 64 zeros when empty). Appenders lock it and
+    # read the tail in one statement (PostgreSQL: `SELECT … FOR UPDATE`) and move it in the transaction
+    # that appends, so it is always the tail of `ledger_events`.
+    Column("id", Integer(), primary_key=True, autoincrement=False),
+    Column("position", BigInteger(), nullable=False),
+    Column("hash", String(64), nullable=False),
+    CheckConstraint("id = 1", name="one_row"),
 )
 
 checkpoints = Table(

@@ -50,6 +50,8 @@ _INSERT_BLOBS = (
     "INSERT INTO ledger_blobs (hash, size, codec, stored_size, content, created_at) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (hash) DO NOTHING"
 )
+_READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1"
+_MOVE_HEAD = "UPDATE ledger_head SET position = ?, hash = ? WHERE id = 1"
 # What a batch writes to the WAL, roughly: its payloads and bodies, plus index pages per event and
 # per commit; a background checkpoint is asked for every `_CHECKPOINT_BYTES` of that.
 _CHECKPOINT_BYTES = 4 << 20  # about SQLite's own threshold (1,000 pages of 4 KiB)
@@ -281,8 +283,10 @@ class SqliteAppender(_ThreadConnection):
             conn.executemany(
                 _INSERT_BLOBS, [(b.hash, b.size, b.codec, len(b.content), b.content, created) for b in blobs]
             )
-        tail = conn.execute("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1").fetchone()
-        position, previous = (int(tail[0]), bytes.fromhex(tail[1])) if tail else (0, bytes(32))
+        tail = conn.execute(_READ_HEAD).fetchone()
+        if tail is None:
+            raise LedgerError(f"SQLite ledger {self.path} has no head row (ledger_head): run `ledger db upgrade`")
+        position, previous = int(tail[0]), bytes.fromhex(tail[1])
         # Optimistic: insert as if no event id were stored yet (the unique index checks each one
         # anyway); only when one is — a spool replay, a re-import — look them up and redo.
         rows, last = build_rows(batch, set(), position, previous, recorded_at, sqlite=True)
@@ -297,6 +301,8 @@ class SqliteAppender(_ThreadConnection):
                 if rows:
                     conn.executemany(_INSERT_EVENTS, rows)
             conn.execute("RELEASE ledger_events_insert")
+            if rows:
+                conn.execute(_MOVE_HEAD, (last, rows[-1][7]))
         return rows, last
 
     def _transaction(self, work: Callable[[sqlite3.Connection], T], what: str = "write", durable: bool = True) -> T:

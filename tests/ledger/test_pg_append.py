@@ -1,0 +1,157 @@
+"""PostgreSQL appends through `ledger_head`: several appenders, one gap-free chain; bodies committed before it.
+
+On PostgreSQL only (SQLite's appender has no separate bodies transaction; the head table is
+checked on both backends in `test_head_row_is_the_tail_on_both_backends`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import func, select, text
+
+from tests.ledger.helpers import call_events
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob
+from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.events import CallStarted, new_event
+from usage_ledger.ledger.migrate import downgrade_database, upgrade_database
+from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.schema import blobs
+from usage_ledger.ledger.verify import verify_chain
+
+APPENDER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from usage_ledger.ledger.append import append_events
+    from usage_ledger.ledger.blobs import BlobCompressor, blob_hash
+    from usage_ledger.ledger.db import open_database
+    from tests.ledger.helpers import call_events
+
+    SHARED = b"the same request body in every process " * 40  # all insert it: ON CONFLICT races
+
+    async def main(url: str, worker: int) -> None:
+        database = open_database(url)
+        blob = BlobCompressor().prepare(SHARED)
+        async def one(task: int) -> None:
+            for batch in range(15):
+                index = worker * 100_000 + task * 1_000 + batch
+                await append_events(database, call_events(index, body_hash=blob_hash(SHARED)), [blob])
+        await asyncio.gather(*(one(task) for task in range(3)))  # three appends queued at once per process
+        await database.dispose()
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+    """
+)
+
+
+@pytest.fixture
+async def pg_database(fresh_pg_url: str) -> AsyncIterator[Database]:
+    db = open_database(fresh_pg_url, null_pool=True)
+    await upgrade_database(db)
+    try:
+        yield db
+    finally:
+        await db.dispose()
+
+
+async def _head(database: Database) -> tuple[int, str]:
+    async with database.engine.connect() as conn:
+        row = (await conn.execute(text("SELECT position, hash FROM ledger_head"))).one()
+        tail = (
+            await conn.execute(text("SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1"))
+        ).first()
+    assert tail is not None
+    assert (row.position, row.hash) == (tail.position, tail.hash), "ledger_head is not the chain's tail"
+    return int(row.position), str(row.hash)
+
+
+async def test_four_processes_append_one_gap_free_chain(pg_database: Database) -> None:
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", APPENDER, pg_database.url, str(worker), stderr=asyncio.subprocess.PIPE
+        )
+        for worker in range(4)
+    ]
+    for worker in workers:
+        _, stderr = await asyncio.wait_for(worker.communicate(), 180)
+        assert worker.returncode == 0, stderr.decode()
+    report = await verify_chain(pg_database)
+    assert report.ok, report
+    assert report.checked == report.head_position == 4 * 3 * 15 * 2
+    positions = [e.position async for e in iter_events(pg_database)]
+    assert positions == list(range(1, 4 * 3 * 15 * 2 + 1))
+    assert (await _head(pg_database))[0] == report.head_position
+    async with pg_database.engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(blobs)) == 1
+
+
+async def test_bodies_of_a_failed_batch_stay_committed_and_its_retry_stores_them_once(pg_database: Database) -> None:
+    body = b'{"messages": [{"role": "user", "content": "' + b"MSFT guidance " * 500 + b'"}]}'
+    digest = blob_hash(body)
+    prepared = BlobCompressor().prepare(body)
+    assert prepared is not None
+    good = call_events(1, body_hash=digest)
+    # a stream longer than the column allows: the events' INSERT fails after the bodies were committed
+    started = good[0].body
+    assert isinstance(started, CallStarted)
+    bad = [new_event(started, stream="call-" + "x" * 300, event_id=good[0].event_id, occurred_at=good[0].occurred_at)]
+    await append_events(pg_database, call_events(0))
+    with pytest.raises(LedgerError, match="too long"):
+        await append_events(pg_database, bad, [prepared])
+    async with pg_database.engine.connect() as conn:
+        assert await read_blob(conn, digest) == body  # committed before the events' transaction failed
+    assert (await _head(pg_database))[0] == 2  # the head did not move
+    again = await append_events(pg_database, good, [prepared])  # the retry (from the spool) names the same body
+    assert (again.appended, again.duplicates, again.last_position) == (2, 0, 4)
+    async with pg_database.engine.connect() as conn:
+        assert await conn.scalar(select(func.count()).select_from(blobs)) == 1
+        assert await read_blob(conn, digest) == body
+    report = await verify_chain(pg_database)
+    assert report.ok and report.checked == 4, report
+
+
+async def test_head_row_is_the_tail_on_both_backends(database: Database) -> None:
+    second, third = call_events(2), call_events(3)
+    await append_events(database, call_events(1) + second)
+    await append_events(database, second + third)  # two already stored: the head moves by two
+    assert (await _head(database))[0] == 6
+    await append_events(database, third)  # all stored already: nothing moves
+    assert (await _head(database))[0] == 6
+
+
+async def test_upgrade_fills_the_head_from_a_ledger_with_events(database: Database) -> None:
+    await append_events(database, call_events(1) + call_events(2))
+    await downgrade_database(database, "0004")
+    await upgrade_database(database)
+    assert (await _head(database))[0] == 4
+    await append_events(database, call_events(3))
+    report = await verify_chain(database)
+    assert report.ok and report.checked == 6, report
+
+
+async def test_a_head_behind_the_events_is_refused_and_the_documented_repair_restores_appends(
+    pg_database: Database,
+) -> None:
+    await append_events(pg_database, call_events(1) + call_events(2))
+    async with pg_database.engine.begin() as conn:  # what an older gateway's append after the upgrade leaves
+        await conn.execute(
+            text("UPDATE ledger_head SET position = 2, hash = (SELECT hash FROM ledger_events WHERE position = 2)")
+        )
+    with pytest.raises(LedgerError, match="the head is behind the events"):
+        await append_events(pg_database, call_events(3))
+    async with pg_database.engine.begin() as conn:  # docs/operations.md, Several gateways
+        await conn.execute(
+            text(
+                "UPDATE ledger_head SET (position, hash) = "
+                "(SELECT position, hash FROM ledger_events ORDER BY position DESC LIMIT 1) WHERE id = 1"
+            )
+        )
+    assert (await append_events(pg_database, call_events(3))).last_position == 6
+    report = await verify_chain(pg_database)
+    assert report.ok and report.checked == 6, report

@@ -1,0 +1,239 @@
+"""PostgreSQL appends on a dedicated thread with its own event loop and connection.
+
+Serialization: the one-row `ledger_head` (last position and hash) is locked and read in one
+statement, `SELECT … FOR UPDATE`; an appender that finds it locked waits for the holder's COMMIT
+and then reads the head that commit left (READ COMMITTED re-reads a row locked concurrently), so
+commit order = position order and the chain has one head. What the lock covers is kept short:
+
+- Bodies are inserted **before** it, in their own transaction (`ON CONFLICT DO NOTHING`: idempotent
+  by hash, they need no position). Not in the events' transaction: two appenders inserting the same
+  hash would wait on each other's uncommitted row, one of them holding the head. That transaction
+  commits with `synchronous_commit` off: the events' COMMIT, later in the same WAL, flushes it too
+  (and a body another appender already stored is flushed by the time our events commit, being
+  earlier in the WAL), so a stored event never names a lost body, and the lock holder's WAL flush
+  does not queue behind a second flush per batch. A batch that fails after its bodies were
+  committed leaves them unreferenced, harmless, until its events arrive (from the spool).
+- Under it: the rows are built on this thread (positions and hashes: `_rows.build_rows`, the
+  chain's one definition), one statement inserts them and moves the head, then COMMIT.
+- On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
+  statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from usage_ledger.ledger._rows import build_rows
+from usage_ledger.ledger.blobs import PreparedBlob
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.events import NewEvent
+
+__all__ = ("PostgresAppender",)
+
+_READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
+_STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
+_INSERT_EVENTS = """
+WITH moved AS (UPDATE ledger_head SET position = $9, hash = $10 WHERE id = 1)
+INSERT INTO ledger_events (position, event_id, type, stream, occurred_at, recorded_at, payload, hash)
+SELECT p, i, t, s, o, $6, pl, h
+FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[], $7::text[], $8::text[])
+    AS r(p, i, t, s, o, pl, h)
+"""
+_INSERT_BLOBS = """
+INSERT INTO ledger_blobs (hash, size, codec, stored_size, content, created_at)
+SELECT h, sz, c, st, ct, $6 FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bigint[], $5::bytea[])
+    AS b(h, sz, c, st, ct)
+ON CONFLICT (hash) DO NOTHING
+"""
+_STALE_HEAD = (
+    "append to {url} refused: a position after ledger_head is already stored, so the head is behind the events "
+    "(a gateway of a version before migration 0005 appended after `ledger db upgrade`?); stop it, then set the "
+    "head to the stored tail (docs/operations.md, Several gateways)"
+)
+# SQLSTATE classes meaning "the database cannot take this now" (the writer spools and retries):
+# connection exception, insufficient resources (a full disk), operator intervention (shutdown).
+_UNAVAILABLE_CLASSES = ("08", "53", "57")
+
+
+class PostgresAppender:
+    """One asyncpg connection, used only on this object's thread and event loop."""
+
+    def __init__(self, connect_kwargs: Mapping[str, Any], safe_url: str) -> None:
+        self._connect_kwargs = dict(connect_kwargs)
+        self._safe_url = safe_url
+        self._conn: Any = None  # asyncpg.Connection, opened on first use
+        self._loop = asyncio.new_event_loop()
+        self._queue: asyncio.Queue[tuple[Any, ...] | None] | None = None
+        self._ready = threading.Event()
+        self._closed = False
+        # a daemon: a database never disposed must not keep the interpreter from exiting
+        self._thread = threading.Thread(target=self._serve, name="ledger-pg-append", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    async def append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        """(appended, duplicates, last position); raises DatabaseUnavailable / LedgerError.
+
+        Cancelling the caller does not stop the work: an append the caller gave up on may still
+        commit, as one already sent always could."""
+        if self._closed:
+            raise RuntimeError("the PostgreSQL appender is closed")
+        caller = asyncio.get_running_loop()
+        done: asyncio.Future[tuple[int, int, int]] = caller.create_future()
+        assert self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (batch, blobs, recorded_at, caller, done))
+        return await done
+
+    def close(self) -> None:
+        """Finish the appends queued, close the connection, end the thread."""
+        if self._closed:
+            return
+        self._closed = True
+        assert self._queue is not None
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+        self._thread.join()
+
+    # -- on the appender thread ---------------------------------------------------------------
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._work())
+        finally:
+            self._loop.close()
+
+    async def _work(self) -> None:
+        self._queue = asyncio.Queue()
+        self._ready.set()
+        while (job := await self._queue.get()) is not None:
+            batch, blobs, recorded_at, caller, done = job
+            try:
+                result, error = await self._append(batch, blobs, recorded_at), None
+            except BaseException as exc:  # handed to the caller
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
+                caller.call_soon_threadsafe(_settle, done, result, error)
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close(timeout=5)
+            except Exception:  # the server is gone or slow: drop the socket
+                conn.terminate()
+
+    async def _append(
+        self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
+    ) -> tuple[int, int, int]:
+        try:
+            conn = await self._connection()
+            if blobs:
+                await self._write_blobs(conn, blobs, recorded_at)
+            try:
+                return await self._append_events(conn, batch, recorded_at, check_existing=False)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "pk_ledger_events":
+                    raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
+                # Optimistic first try: insert as if no event id were stored yet (the unique index checks
+                # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
+                return await self._append_events(conn, batch, recorded_at, check_existing=True)
+        except LedgerError:
+            raise
+        except Exception as exc:
+            await self._reset()  # whatever state the failure left the connection in: the next append starts afresh
+            text = _first_line(exc)
+            if _is_unavailable(exc):
+                raise DatabaseUnavailable(f"database {self._safe_url} unavailable: {text}") from exc
+            raise LedgerError(f"append to {self._safe_url} failed: {text}") from exc
+
+    async def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = await asyncpg.connect(**self._connect_kwargs)
+        return self._conn
+
+    async def _reset(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()  # no goodbye to a server that may be gone
+
+    @staticmethod
+    async def _write_blobs(conn: Any, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
+        unique = list({blob.hash: blob for blob in blobs}.values())
+        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off")
+        try:
+            await conn.execute(
+                _INSERT_BLOBS,
+                [b.hash for b in unique],
+                [b.size for b in unique],
+                [b.codec for b in unique],
+                [len(b.content) for b in unique],
+                [b.content for b in unique],
+                recorded_at,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
+                await conn.execute("ROLLBACK")
+            raise
+        await conn.execute("COMMIT")
+
+    @staticmethod
+    async def _append_events(
+        conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
+    ) -> tuple[int, int, int]:
+        # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
+        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
+        async with conn.transaction(isolation="read_committed"):
+            head = await conn.fetchrow(_READ_HEAD)  # the lock and the tail, one statement
+            if head is None:
+                raise LedgerError("the ledger has no head row (ledger_head): run `ledger db upgrade`")
+            existing: set[uuid.UUID] = set()
+            if check_existing:
+                found = await conn.fetch(_STORED_IDS, [e.event_id for e in batch])
+                existing = {uuid.UUID(str(row[0])) for row in found}
+            rows, last = build_rows(
+                batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
+            )
+            if rows:
+                position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
+                await conn.execute(
+                    _INSERT_EVENTS,
+                    position,
+                    event_id,
+                    type_,
+                    stream,
+                    occurred_at,
+                    recorded_at,
+                    payload,
+                    hashes,
+                    last,
+                    hashes[-1],
+                )
+        return len(rows), len(batch) - len(rows), last
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
+
+
+def _is_unavailable(exc: BaseException) -> bool:
+    if isinstance(exc, OSError | asyncio.TimeoutError | asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
+        return True
+    sqlstate = getattr(exc, "sqlstate", None) or ""
+    return sqlstate[:2] in _UNAVAILABLE_CLASSES
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
