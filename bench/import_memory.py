@@ -23,7 +23,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import asyncpg  # noqa: F401 - the PostgreSQL driver must be there for --pg
 import msgspec
 from sqlalchemy.engine import make_url
 
@@ -106,13 +105,13 @@ def main() -> None:
             peaks.append(peak)
             walls.append(wall)
             print(f"run {i + 1}: peak RSS {peak / 2**20:,.0f} MiB, {wall:,.1f} s", file=sys.stderr)
-    peak = statistics.median(peaks)
+    median_peak = statistics.median(peaks)
     backend = "PostgreSQL" if args.pg else "SQLite"
     print("| backend | rows | file | peak RSS (median) | RSS / file | wall (median) |")
     print("|---|---|---|---|---|---|")
     print(
-        f"| {backend} | {args.rows:,} | {size / 2**20:,.1f} MiB | {peak / 2**20:,.0f} MiB | "
-        f"{peak / size:,.1f}× | {statistics.median(walls):,.1f} s |"
+        f"| {backend} | {args.rows:,} | {size / 2**20:,.1f} MiB | {median_peak / 2**20:,.0f} MiB | "
+        f"{median_peak / size:,.1f}× | {statistics.median(walls):,.1f} s |"
     )
 
 

@@ -60,11 +60,11 @@ def count_problem(field: str, value: Any) -> str:
 
 def usage_problem(usage: Usage) -> str:
     """Why a usage's counts are not all plausible (each implausible one named); "" when they are."""
-    counts = (
+    counts = [
         ("prompt_tokens", usage.prompt_tokens),
         ("completion_tokens", usage.completion_tokens),
         ("total_tokens", usage.total_tokens),
-    )
+    ]
     if usage.cached_tokens is not None:
-        counts += (("cached_tokens", usage.cached_tokens),)
+        counts.append(("cached_tokens", usage.cached_tokens))
     return "; ".join(problem for field, value in counts if (problem := count_problem(field, value)))
