@@ -73,12 +73,14 @@ def _pg_database(admin_url: str) -> str:
 
 def run_once(path: Path, db_url: str) -> tuple[int, float]:
     """(peak RSS in bytes, wall seconds) of `ledger import` into a freshly migrated `db_url`."""
-    subprocess.run([*LEDGER, "db", "upgrade", "--db", db_url], check=True, capture_output=True)
+    # run from the file's directory: `python -m` puts the working directory before PYTHONPATH
+    subprocess.run([*LEDGER, "db", "upgrade", "--db", db_url], check=True, capture_output=True, cwd=path.parent)
     done = subprocess.run(
         ["/usr/bin/time", "-v", *LEDGER, "import", str(path), "--db", db_url],
         capture_output=True,
         text=True,
         env={**os.environ, "LEDGER_LOG_FORMAT": "json"},
+        cwd=path.parent,
     )
     if done.returncode != 0:
         raise SystemExit(f"ledger import failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -87,6 +89,17 @@ def run_once(path: Path, db_url: str) -> tuple[int, float]:
     assert wall is not None
     seconds = int(wall.group(1) or 0) * 3600 + int(wall.group(2)) * 60 + float(wall.group(3))
     return rss_kb * 1024, seconds
+
+
+def _tree() -> str:
+    """Where the child's `usage_ledger` comes from (the tree measured)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import usage_ledger; print(usage_ledger.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tempfile.gettempdir(),
+    )
+    return found.stdout.strip()
 
 
 def main() -> None:
@@ -104,7 +117,7 @@ def main() -> None:
             peak, wall = run_once(path, db_url)
             peaks.append(peak)
             walls.append(wall)
-            print(f"run {i + 1}: peak RSS {peak / 2**20:,.0f} MiB, {wall:,.1f} s", file=sys.stderr)
+            print(f"run {i + 1} ({_tree()}): peak RSS {peak / 2**20:,.0f} MiB, {wall:,.1f} s", file=sys.stderr)
     median_peak = statistics.median(peaks)
     backend = "PostgreSQL" if args.pg else "SQLite"
     print("| backend | rows | file | peak RSS (median) | RSS / file | wall (median) |")
