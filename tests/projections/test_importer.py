@@ -266,3 +266,35 @@ async def test_rows_stored_under_the_old_source_scoped_ids_count_as_present(data
     assert (result.appended, result.duplicates) == (0, 1)
     (run,) = await runs_report(database)
     assert run.calls == 1
+
+
+async def test_a_bad_row_at_the_end_of_a_large_file_imports_nothing(database: Database, tmp_path: Path) -> None:
+    """The file is read in batches (validated, then appended): a bad row after many batches still means none."""
+    path = tmp_path / "large.jsonl"
+    rows = 12_345  # several of the importer's batches
+    path.write_bytes(b"".join(_row(i, ticker=f"T{i % 100}") for i in range(rows)) + _row(rows, input_tokens=-1))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [f"{path}:{rows + 1}: input_tokens: must be >= 0, got -1"]
+    assert await runs_report(database) == []
+
+    conflict = tmp_path / "conflict.jsonl"  # a call_id the ledger holds with other content, in the last batch
+    await import_file(database, _one(tmp_path, _row(0, call_id="taken")))
+    conflict.write_bytes(b"".join(_row(i) for i in range(1, rows)) + _row(rows, call_id="taken"))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, conflict)
+    assert info.value.errors[0].startswith(f"{conflict}:{rows}: call_id 'taken' is already in the ledger")
+    (run,) = await runs_report(database)
+    assert run.calls == 1
+
+    result = await import_file(database, path, skip_invalid=True)
+    again = await import_file(database, path, skip_invalid=True)
+    assert (result.appended, result.invalid, again.appended, again.duplicates) == (rows, 1, 0, rows)
+    (run,) = await runs_report(database)
+    assert (run.calls, run.tickers) == (rows + 1, 100)
+
+
+def _one(tmp_path: Path, line: bytes) -> Path:
+    path = tmp_path / "one.jsonl"
+    path.write_bytes(line)
+    return path

@@ -38,7 +38,7 @@ _json = st.recursive(
 # counters near the rule's edges, booleans, floats, strings; keys sometimes missing
 _counter = st.one_of(
     st.integers(0, 5000),
-    st.sampled_from([0, -1, 10**15 - 1, 10**15, 2**63 - 1, True, False, 3.0, 1e20, "7", None]),
+    st.sampled_from([0, -1, 2**31 - 1, 2**31, 10**15, 2**63 - 1, True, False, 3.0, 1e20, "7", None]),
     _json,
 )
 _block = st.one_of(

@@ -213,11 +213,13 @@ class Call:
 
     def _count_usage(self, usage: Usage | None, source: UsageSource, detail: str) -> None:
         self.metrics.usage_sources[source] += 1
-        if usage is not None:
+        if usage is not None and source != "implausible":  # an implausible count enters no sum
             self.metrics.prompt_tokens += usage.prompt_tokens
             self.metrics.completion_tokens += usage.completion_tokens
         if source == "unreadable":
             log.warning("usage_unreadable", call_id=self.call_id, path=self.path, detail=detail)
+        elif source == "implausible":
+            log.warning("usage_implausible", call_id=self.call_id, path=self.path, detail=detail)
 
     async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
         timings = self._timings()

@@ -19,6 +19,7 @@ from usage_ledger.gateway.sse import SseEvent
 from usage_ledger.gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
 from usage_ledger.ledger.blobs import blob_hash
 from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
+from usage_ledger.ledger.counts import usage_problem
 from usage_ledger.ledger.events import Usage, UsageSource
 
 __all__ = ("MAX_CHUNK_GAPS", "Observed")
@@ -64,7 +65,16 @@ class Observed:
         """Spans of chunks with a finish reason, held while the usage chunk the gateway asked for may follow."""
 
     def usage_and_source(self, *, complete: bool, problem: str = "") -> tuple[Usage | None, UsageSource, str]:
-        """The call's usage, where it came from and why; `complete`: the response ended normally."""
+        """The call's usage, where it came from and why; `complete`: the response ended normally.
+
+        Usage with a count outside the plausibility rule (`ledger.counts`) is kept as received, as `implausible`.
+        """
+        usage, source, detail = self._usage_and_source(complete=complete, problem=problem)
+        if usage is not None and (implausible := usage_problem(usage)):
+            return usage, "implausible", f"{implausible} (usage {source}, kept as received)"
+        return usage, source, detail
+
+    def _usage_and_source(self, *, complete: bool, problem: str) -> tuple[Usage | None, UsageSource, str]:
         problem = self.usage_problem or problem
         if self.usage is not None and (complete or self.usage_final):
             return self.usage, "injected" if self.injected and not self.usage_forced else "reported", ""

@@ -21,6 +21,7 @@ __all__ = (
     "CallStarted",
     "Event",
     "FailureReason",
+    "ImportedUsageSource",
     "LabelsRecorded",
     "NewEvent",
     "ProjectionPromoted",
@@ -41,7 +42,7 @@ __all__ = (
     "utc_now",
 )
 
-UsageSource = Literal["reported", "injected", "absent", "unreadable", "partial", "counted"]
+UsageSource = Literal["reported", "injected", "absent", "unreadable", "partial", "counted", "implausible"]
 """Where a call's token counts came from:
 
 - `reported`: the server's usage for the whole call, which the client asked for (or got unasked);
@@ -50,8 +51,13 @@ UsageSource = Literal["reported", "injected", "absent", "unreadable", "partial",
 - `unreadable`: the server sent usage (or a body) the gateway could not read; `usage_detail` says why;
 - `partial`: a stream that ended early, counted by the last per-chunk usage the server sent;
 - `counted`: a stream that ended early without usage: completion tokens are the content deltas the
-  gateway saw (a lower bound: one delta may carry several tokens), prompt tokens unknown (0).
+  gateway saw (a lower bound: one delta may carry several tokens), prompt tokens unknown (0);
+- `implausible`: the server's usage as it sent it, with a count outside the one plausibility rule
+  (`ledger.counts`: e.g. 2⁶³ prompt tokens); `usage_detail` names it. Kept as received, summed nowhere.
 """
+ImportedUsageSource = Literal["imported", "implausible"]
+"""Where an imported call's token counts came from: the file (`imported`), or the file with a count outside
+the plausibility rule (`implausible`: kept as given, summed nowhere; `usage_detail` names it)."""
 FailureReason = Literal[
     "upstream_unreachable",
     "upstream_timeout",
@@ -191,6 +197,9 @@ class CallImported(msgspec.Struct, frozen=True, kw_only=True, tag="call.imported
     status: Literal["ok", "error"] = "ok"
     finish_reason: str | None = None
     """The source's finish reason for the call (`stop`, `length`, …), when it has one."""
+    usage_source: ImportedUsageSource = "imported"
+    usage_detail: str = ""
+    """Which count is implausible, and why, when `usage_source` is `implausible`."""
 
 
 class CallRetagged(msgspec.Struct, frozen=True, kw_only=True, tag="call.retagged"):

@@ -11,7 +11,7 @@ from datetime import datetime
 import msgspec
 
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted
-from usage_ledger.projections.call_rules import ended_at, finished_status
+from usage_ledger.projections.call_rules import IMPLAUSIBLE, ended_at, finished_status, plausible_tokens
 
 __all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "response_model", "trace_ids")
 
@@ -92,6 +92,14 @@ def _common(call_id: str, run: str | None, tags: dict[str, str]) -> dict[str, At
     return attributes
 
 
+def _usage_attributes(attributes: dict[str, AttributeValue], tokens_in: int | None, tokens_out: int | None) -> None:
+    """The GenAI token attributes: plausible counts only (`ledger.counts`; an OTLP int is 64-bit)."""
+    if tokens_in is not None:
+        attributes["gen_ai.usage.input_tokens"] = tokens_in
+    if tokens_out is not None:
+        attributes["gen_ai.usage.output_tokens"] = tokens_out
+
+
 def call_from_events(
     started: CallStarted, ended: CallFinished | CallFailed, answered_model: str | None = None
 ) -> ExportedCall:
@@ -104,10 +112,11 @@ def call_from_events(
     if answered_model:
         attributes["gen_ai.response.model"] = answered_model
     usage = ended.usage
-    if usage is not None:
-        attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
-        attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
-    attributes["usage_ledger.usage_source"] = ended.usage_source
+    tokens_in = plausible_tokens("prompt_tokens", usage.prompt_tokens) if usage else None
+    tokens_out = plausible_tokens("completion_tokens", usage.completion_tokens) if usage else None
+    _usage_attributes(attributes, tokens_in, tokens_out)
+    implausible = usage is not None and (tokens_in is None or tokens_out is None)
+    attributes["usage_ledger.usage_source"] = IMPLAUSIBLE if implausible else ended.usage_source
     attributes.update(_common(started.call_id, started.run, started.tags))
     timings = ended.timings
     end = ended_at(timings.finished, timings.last_token, timings.upstream_headers, timings.received)
@@ -136,20 +145,21 @@ def call_from_events(
         attributes=attributes,
         operation=operation,
         model=model,
-        input_tokens=usage.prompt_tokens if usage else None,
-        output_tokens=usage.completion_tokens if usage else None,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
         ttft_s=ttft,
     )
 
 
 def call_from_import(imported: CallImported) -> ExportedCall:
     """An imported call: the importer knows no endpoint; these are chat calls in practice."""
-    attributes: dict[str, AttributeValue] = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.usage.input_tokens": imported.input_tokens,
-        "gen_ai.usage.output_tokens": imported.output_tokens,
-        "usage_ledger.import_source": imported.source,
-    }
+    tokens_in = plausible_tokens("input_tokens", imported.input_tokens)
+    tokens_out = plausible_tokens("output_tokens", imported.output_tokens)
+    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
+    _usage_attributes(attributes, tokens_in, tokens_out)
+    attributes["usage_ledger.import_source"] = imported.source
+    if tokens_in is None or tokens_out is None:
+        attributes["usage_ledger.usage_source"] = IMPLAUSIBLE
     if imported.model:
         attributes["gen_ai.request.model"] = imported.model
     attributes.update(_common(imported.call_id, imported.run, imported.tags))
@@ -163,7 +173,7 @@ def call_from_import(imported: CallImported) -> ExportedCall:
         attributes=attributes,
         operation="chat",
         model=imported.model or "",
-        input_tokens=imported.input_tokens,
-        output_tokens=imported.output_tokens,
+        input_tokens=tokens_in,
+        output_tokens=tokens_out,
         ttft_s=imported.ttft_s,
     )

@@ -17,18 +17,10 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, NewEvent, decode_event
 from usage_ledger.ledger.schema import events
 
-__all__ = ("NAMESPACE", "Parsed", "content_event_id", "reconcile_with_ledger")
+__all__ = ("NAMESPACE", "content_event_id", "reconcile_with_ledger")
 
 NAMESPACE = uuid.UUID("0b5d7c56-6a1e-5b8e-8f0e-4c2a7d9e1f30")
 """Of every imported event id (never change it: ids already stored were made with it)."""
-
-
-class Parsed(msgspec.Struct, kw_only=True):
-    events: list[NewEvent]
-    errors: list[str]
-    warnings: list[str]
-    rows: int
-    legacy: dict[uuid.UUID, uuid.UUID]  # content id -> the pre-content id (source-scoped), generated call ids only
 
 
 def content_event_id(content: bytes, occurrence: int) -> uuid.UUID:
@@ -45,15 +37,18 @@ def _same_call(stored: CallImported, body: CallImported) -> bool:
     return msgspec.structs.replace(stored, source=body.source, line=body.line) == body
 
 
-async def reconcile_with_ledger(database: Database, path: Path, parsed: Parsed) -> tuple[list[NewEvent], int]:
-    """(events still to append, rows already stored); a call_id stored with other content is an error."""
+async def reconcile_with_ledger(
+    database: Database, path: Path, batch: list[NewEvent], legacy: dict[uuid.UUID, uuid.UUID]
+) -> tuple[set[uuid.UUID], set[uuid.UUID], list[str]]:
+    """(ids of the batch's rows already stored, ids of rows whose call_id is stored with other content, their
+    `file:line` errors). `legacy`: content id -> the pre-content id (source-scoped), generated call ids only."""
     found: dict[str, list[tuple[uuid.UUID, str, str, int]]] = {}
     legacy_stored: set[uuid.UUID] = set()
     async with database.engine.connect() as conn:
-        for chunk in _chunks(list(parsed.legacy.values())):
+        for chunk in _chunks(list(legacy.values())):
             result = await conn.execute(select(events.c.event_id).where(events.c.event_id.in_(chunk)))
             legacy_stored.update(row[0] for row in result)
-        for chunk in _chunks([event.stream for event in parsed.events]):
+        for chunk in _chunks([event.stream for event in batch]):
             result = await conn.execute(
                 select(events.c.stream, events.c.event_id, events.c.type, events.c.payload, events.c.position)
                 .where(events.c.stream.in_(chunk), events.c.type.in_(("call.started", "call.imported")))
@@ -61,31 +56,31 @@ async def reconcile_with_ledger(database: Database, path: Path, parsed: Parsed) 
             )
             for stream, event_id, type_, payload, position in result:
                 found.setdefault(stream, []).append((event_id, type_, payload, position))
-    todo: list[NewEvent] = []
-    stored = 0
-    for event in parsed.events:
+    stored: set[uuid.UUID] = set()
+    conflicting: set[uuid.UUID] = set()
+    errors: list[str] = []
+    for event in batch:
         body = event.body
         assert isinstance(body, CallImported)
         earlier = found.get(event.stream, [])
-        if parsed.legacy.get(event.event_id) in legacy_stored or any(
+        if legacy.get(event.event_id) in legacy_stored or any(
             event_id == event.event_id or (type_ == "call.imported" and _same_call(_imported(payload), body))
             for event_id, type_, payload, _ in earlier
         ):
-            stored += 1
+            stored.add(event.event_id)
         elif earlier:
+            conflicting.add(event.event_id)
             _, type_, payload, position = earlier[0]
             if type_ == "call.imported":
                 first = _imported(payload)
                 where = f"{first.source}:{first.line} (imported earlier, position {position})"
             else:
                 where = f"a gateway call (position {position})"
-            parsed.errors.append(
+            errors.append(
                 f"{path}:{body.line}: call_id {body.call_id!r} is already in the ledger with different content, "
                 f"from {where}; give this row its own call_id, or drop it if it is the same call"
             )
-        else:
-            todo.append(event)
-    return todo, stored
+    return stored, conflicting, errors
 
 
 def _imported(payload: str) -> CallImported:

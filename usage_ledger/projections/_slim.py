@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.ledger.events import CallImported, CallRetagged, RunAnnotated
+from usage_ledger.ledger.events import CallRetagged, RunAnnotated
 from usage_ledger.projections.call_rules import NO_USAGE
 
-__all__ = ("DECODERS", "SFailed", "SFinished", "SStarted", "decode_slim")
+__all__ = ("DECODERS", "SFailed", "SFinished", "SImported", "SStarted", "decode_slim")
 
 
 class STimings(msgspec.Struct, frozen=True):
@@ -26,9 +26,11 @@ class STimings(msgspec.Struct, frozen=True):
 
 
 class SUsage(msgspec.Struct, frozen=True):
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int | None = None
+    """Counts as stored; a float is read too (the plausibility rule, `ledger.counts`, keeps it out of every sum)."""
+
+    prompt_tokens: int | float
+    completion_tokens: int | float
+    cached_tokens: int | float | None = None
 
 
 class SStarted(msgspec.Struct, frozen=True, tag="call.started"):
@@ -38,6 +40,25 @@ class SStarted(msgspec.Struct, frozen=True, tag="call.started"):
     tags: dict[str, str] = {}
     model: str | None = None
     request_blob: str | None = None
+
+
+class SImported(msgspec.Struct, frozen=True, tag="call.imported"):
+    """`call.imported` as the fold reads it: its counts as stored, a float too (`SUsage`)."""
+
+    call_id: str
+    source: str
+    line: int
+    started_at: datetime
+    finished_at: datetime
+    input_tokens: int | float
+    output_tokens: int | float
+    run: str | None = None
+    tags: dict[str, str] = {}
+    model: str | None = None
+    ttft_s: float | None = None
+    status: str = "ok"
+    finish_reason: str | None = None
+    usage_source: str = "imported"
 
 
 class SRequestMetrics(msgspec.Struct, frozen=True):
@@ -69,8 +90,8 @@ class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):
 
 DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     cls.__struct_config__.tag: msgspec.json.Decoder(cls)  # type: ignore[misc]
-    # imports, retags and annotations are read whole: their full event types are the cheapest view
-    for cls in (SStarted, SFinished, SFailed, CallImported, CallRetagged, RunAnnotated)
+    # retags and annotations are read whole: their full event types are the cheapest view
+    for cls in (SStarted, SFinished, SFailed, SImported, CallRetagged, RunAnnotated)
 }
 
 

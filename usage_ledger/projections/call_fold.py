@@ -5,6 +5,10 @@
   never arrived);
 - `call.retagged` changes run and tags of an existing row (history is never touched).
 
+A token count outside the plausibility rule (`ledger.counts`) is 0 in the row (`cached_tokens`: None) and
+the row's `usage_source` says `implausible`, whatever the event says: ledgers recorded before the rule heal
+on rebuild, and no sum over the rows can overflow.
+
 This is the only definition of a call's row: the follower and a rebuild both run it (`engine.catch_up`).
 The rules each value follows are `call_rules`' plain functions, which the readers call too. Client text
 goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
@@ -17,15 +21,17 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.ledger.events import CallImported, CallRetagged
-from usage_ledger.projections._slim import SFailed, SFinished, SStarted
+from usage_ledger.ledger.events import CallRetagged
+from usage_ledger.projections._slim import SFailed, SFinished, SImported, SStarted
 from usage_ledger.projections.call_rules import (
     FAILED_END_STATUS,
+    IMPLAUSIBLE,
     NO_END_STATUS,
     NO_USAGE,
     decode_tps,
     ended_at,
     finished_status,
+    plausible_tokens,
     prefill_tps,
     spec_decode_counts,
 )
@@ -105,10 +111,13 @@ def _finish(row: CallRow, ev: SFinished | SFailed) -> None:
     row.last_token_at = t.last_token
     row.response_blob = ev.response_blob
     row.usage_source = ev.usage_source
-    if ev.usage is not None:
-        row.input_tokens = ev.usage.prompt_tokens
-        row.output_tokens = ev.usage.completion_tokens
-        row.cached_tokens = ev.usage.cached_tokens
+    if (usage := ev.usage) is not None:
+        prompt = plausible_tokens("prompt_tokens", usage.prompt_tokens)
+        completion = plausible_tokens("completion_tokens", usage.completion_tokens)
+        cached = plausible_tokens("cached_tokens", usage.cached_tokens)
+        row.input_tokens, row.output_tokens, row.cached_tokens = prompt or 0, completion or 0, cached
+        if prompt is None or completion is None or (cached is None and usage.cached_tokens is not None):
+            row.usage_source = IMPLAUSIBLE
     metrics = ev.request_metrics if isinstance(ev, SFinished) else None
     counts = spec_decode_counts(metrics.speculative_decoding) if metrics is not None else None
     row.spec_draft_tokens, row.spec_accepted_tokens, row.spec_steps = counts or (None, None, None)
@@ -148,7 +157,9 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
             request_blob=ev.request_blob,
         )
         _tagged(row, projection_tags(ev.tags))
-    elif isinstance(ev, CallImported):
+    elif isinstance(ev, SImported):
+        tokens_in = plausible_tokens("input_tokens", ev.input_tokens)
+        tokens_out = plausible_tokens("output_tokens", ev.output_tokens)
         row = CallRow(
             version=version,
             call_id=ev.call_id,
@@ -158,11 +169,12 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
             origin="import",
             source=projection_text(f"{ev.source}:{ev.line}"),
             status=ev.status,
-            usage_source="imported",
+            # judged again: events imported before the rule say `imported` whatever their counts
+            usage_source=ev.usage_source if tokens_in is not None and tokens_out is not None else IMPLAUSIBLE,
             ended_at=ev.finished_at,
             ttft_s=ev.ttft_s,
-            input_tokens=ev.input_tokens,
-            output_tokens=ev.output_tokens,
+            input_tokens=tokens_in or 0,
+            output_tokens=tokens_out or 0,
             finish_reason=projection_text_or_none(ev.finish_reason),
         )
         _tagged(row, projection_tags(ev.tags))

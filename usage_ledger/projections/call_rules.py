@@ -6,10 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from usage_ledger.ledger.counts import plausible_count
+
 __all__ = (
     "CALL_STATUSES",
     "FAILED_END_STATUS",
     "FAILED_STATUSES",
+    "IMPLAUSIBLE",
     "NO_END_STATUS",
     "NO_USAGE",
     "SPEC_DECODE_KEYS",
@@ -18,6 +21,7 @@ __all__ = (
     "decode_tps",
     "ended_at",
     "finished_status",
+    "plausible_tokens",
     "prefill_tps",
     "spec_decode_counts",
 )
@@ -94,20 +98,22 @@ SPEC_DECODE_KEYS = ("num_draft_tokens", "num_accepted_draft_tokens", "num_spec_s
 """The counters of vLLM's per-request `speculative_decoding` block the calls read model keeps, in the
 order of its columns `spec_draft_tokens`, `spec_accepted_tokens`, `spec_steps`."""
 
-_SPEC_COUNT_LIMIT = 10**15
-"""A counter is kept when 0 ≤ n < 10¹⁵ (well inside BIGINT; the limit rebuilt rows have always had)."""
+IMPLAUSIBLE = "implausible"
+"""The `usage_source` of a row whose event holds a token count outside the plausibility rule
+(`ledger.counts`): that count is 0 in the row (`cached_tokens`: None), so it enters no sum."""
+
+
+def plausible_tokens(field: str, value: Any) -> int | None:
+    """A token count as the row keeps it: the value when plausible (`ledger.counts`), else None."""
+    return value if plausible_count(field, value) else None
 
 
 def spec_decode_counts(block: Any) -> tuple[int, int, int] | None:
     """(draft tokens, accepted draft tokens, spec steps) of the `speculative_decoding` block of a call's
-    `request_metrics`, as vLLM sent it; None unless it holds all three as non-negative integers (booleans are not)."""
+    `request_metrics`, as vLLM sent it; None unless all three are plausible counts (`ledger.counts`)."""
     if not isinstance(block, dict):
         return None
-    draft, accepted, steps = (_spec_count(block.get(key)) for key in SPEC_DECODE_KEYS)
+    draft, accepted, steps = (plausible_tokens(key, block.get(key)) for key in SPEC_DECODE_KEYS)
     if draft is None or accepted is None or steps is None:
         return None
     return draft, accepted, steps
-
-
-def _spec_count(value: Any) -> int | None:
-    return value if type(value) is int and 0 <= value < _SPEC_COUNT_LIMIT else None

@@ -1,6 +1,7 @@
 """`ledger import`: historical calls from JSONL or CSV files (DESIGN §6), one `call.imported` each.
 
-- Atomic per file: the whole file is parsed first and appended in one transaction; a bad row
+- Streamed, in two passes (`import_file`): the first validates every row and checks it against the
+  ledger, the second appends, a batch at a time, so memory holds a batch and not the file. A bad row
   means nothing of the file is imported, unless `skip_invalid`.
 - Identity comes from content, never from the file name or `--source`: an event id is a UUIDv5
   over the row's canonical content (sorted keys) and its occurrence number among identical rows of
@@ -10,7 +11,9 @@
   gateway call) is a bad row naming both places; the same call again (only `source`/`line`
   differ) is a duplicate. Within one file a repeated `call_id` is a bad row.
 - JSONL values keep their JSON types: a count or seconds given as a string (`"12"`) is a bad row.
-  CSV cells are text, so they are parsed, and counts must still be whole numbers.
+  CSV cells are text, so they are parsed, and counts must still be whole numbers, never negative.
+  A whole count outside the plausibility rule (`ledger.counts`: 2⁶³ tokens) is no bad row: it is
+  imported as given, its event says `usage_source` `implausible`, and it enters no sum.
 - A moment the calendar cannot hold (a start of 9999-12-31T23:59:59Z plus 5 s, 0001-01-01T00:00+05:00,
   `elapsed_s` of 1e300) is a bad row; a span that is valid but unlikely (a call over a day, a run whose
   calls in the file spread over more than a week: a mistyped year) is imported with a warning.
@@ -20,11 +23,8 @@
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import math
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -34,14 +34,15 @@ from typing import Any, Literal
 import msgspec
 
 from usage_ledger.ledger.append import append_events, translate_db_error
+from usage_ledger.ledger.counts import count_problem
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, NewEvent, new_event
-from usage_ledger.projections._import_identity import NAMESPACE, Parsed, content_event_id, reconcile_with_ledger
+from usage_ledger.projections._import_identity import NAMESPACE, content_event_id, reconcile_with_ledger
+from usage_ledger.projections._import_rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows
 from usage_ledger.projections.errors import ImportFailed, ProjectionError
 
 __all__ = ("MAX_LINE_BYTES", "ImportResult", "RowError", "import_file", "parse_file", "parse_record")
 
-Format = Literal["jsonl", "csv"]
 Progress = Callable[[int, int], None]
 _KNOWN = frozenset(
     {
@@ -62,8 +63,6 @@ _KNOWN = frozenset(
 )
 _canonical = msgspec.json.Encoder(order="sorted")
 _MAX_TEXT = 255
-MAX_LINE_BYTES = 1024 * 1024
-"""A row (JSONL line, CSV record) longer than this is a bad row: a call's fields fit in far less."""
 _LONG_CALL = timedelta(days=1)
 _LONG_RUN = timedelta(days=7)
 
@@ -204,14 +203,21 @@ def parse_record(
     if ttft is not None and ttft > (finished - started).total_seconds() + 0.001:
         raise RowError(f"ttft_s ({ttft:g} s) is longer than the call ({(finished - started).total_seconds():g} s)")
     call_id = fields.get("call_id")
+    input_tokens = _count(fields["input_tokens"], "input_tokens", from_text)
+    output_tokens = _count(fields["output_tokens"], "output_tokens", from_text)
+    implausible = "; ".join(
+        p for f, v in (("input_tokens", input_tokens), ("output_tokens", output_tokens)) if (p := count_problem(f, v))
+    )
     return CallImported(
         call_id=_text(call_id, "call_id") if call_id is not None else f"imp-{event_id.hex}",
         source=source,
         line=line,
         started_at=started,
         finished_at=finished,
-        input_tokens=_count(fields["input_tokens"], "input_tokens", from_text),
-        output_tokens=_count(fields["output_tokens"], "output_tokens", from_text),
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        usage_source="implausible" if implausible else "imported",
+        usage_detail=implausible,
         run=_text(fields["run"], "run") if fields.get("run") is not None else None,
         tags=tags,
         model=_text(fields["model"], "model") if fields.get("model") is not None else None,
@@ -223,119 +229,22 @@ def parse_record(
     )
 
 
-def _lines(handle: io.BufferedReader) -> Iterator[tuple[bytes, bool]]:
-    """(line, whole) per line; a line over `MAX_LINE_BYTES` is skipped to its end, never held (whole = False)."""
-    while raw := handle.readline(MAX_LINE_BYTES + 1):
-        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
-            yield raw, True
-            continue
-        while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-            pass
-        yield b"", False
+_BATCH = 2000
+"""Rows checked against the ledger, and appended, at a time: memory holds one batch, not the file."""
+
+_Row = tuple[int, int, NewEvent | str, uuid.UUID | None]
+"""(line, bytes consumed, the row's event or its `file:line: reason` error, its pre-content id when it has one)."""
 
 
-def _jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    """(line number, bytes consumed, fields or an error reason) per non-blank line."""
-    consumed = 0
-    for number, (raw, whole) in enumerate(_lines(handle), start=1):
-        consumed = handle.tell()
-        if not whole:
-            yield number, consumed, f"line longer than {MAX_LINE_BYTES:,} bytes"
-            continue
-        if not raw.strip():
-            continue
-        try:
-            value = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
-            yield number, consumed, f"invalid JSON: {exc}"
-            continue
-        yield number, consumed, value if isinstance(value, dict) else "expected a JSON object"
-
-
-def _csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    # surrogateescape: a stray non-UTF-8 byte becomes a row error on its own line, not a traceback
-    text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
-    try:
-        yield from _csv_records(csv.reader(text))
-    finally:
-        text.detach()  # the caller owns (and closes) the binary handle
-
-
-def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    try:
-        header = next(reader)
-    except StopIteration:
-        return
-    if not _is_utf8(header):
-        yield 1, 0, "the header row is not valid UTF-8; save the file as UTF-8"
-        return
-    consumed = 0
-    while True:
-        line = reader.line_num + 1
-        try:
-            cells = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            yield line, consumed, f"invalid CSV: {exc}"
-            continue
-        consumed += sum(len(c) + 1 for c in cells)
-        if not any(c.strip() for c in cells):
-            continue
-        if not _is_utf8(cells):
-            yield line, consumed, "not valid UTF-8; save the file as UTF-8"
-            continue
-        if len(cells) != len(header):
-            yield line, consumed, f"expected {len(header)} columns, got {len(cells)}"
-            continue
-        fields: dict[str, Any] = {}
-        tags: dict[str, str] = {}
-        for name, cell in zip(header, cells, strict=True):
-            if cell == "":
-                continue
-            if name.startswith("tag."):
-                tags[name[4:]] = cell
-            else:
-                fields[name] = cell
-        if tags:
-            fields["tags"] = tags
-        yield line, consumed, fields
-
-
-def _is_utf8(cells: list[str]) -> bool:
-    try:
-        "".join(cells).encode("utf-8")
-    except UnicodeEncodeError:  # surrogate-escaped bytes from an invalid sequence
-        return False
-    return True
-
-
-def detect_format(path: Path, given: str | None) -> Format:
-    if given in ("jsonl", "csv"):
-        return given  # type: ignore[return-value]
-    suffix = path.suffix.lower()
-    if suffix in (".jsonl", ".ndjson", ".json"):
-        return "jsonl"
-    if suffix == ".csv":
-        return "csv"
-    raise ProjectionError(f"{path}: cannot tell the format from the extension; pass --format jsonl or --format csv")
-
-
-def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) -> Parsed:
-    kind = detect_format(path, fmt)
-    total = os.path.getsize(path)
-    parsed = Parsed(events=[], errors=[], warnings=[], rows=0, legacy={})
+def _rows(path: Path, kind: Format, source: str) -> Iterator[_Row]:
+    """Every row of the file in order, parsed; the same rows, ids and errors however often it is read."""
     seen: dict[bytes, int] = {}  # a row's content digest -> how often it occurred so far
     call_lines: dict[str, int] = {}
-    runs: dict[str | None, tuple[datetime, int, datetime, int]] = {}  # earliest start, its line, latest end, its line
     with path.open("rb") as handle:
-        iterator = _jsonl_rows(handle) if kind == "jsonl" else _csv_rows(handle)
+        iterator = jsonl_rows(handle) if kind == "jsonl" else csv_rows(handle)
         for line, consumed, fields in iterator:
-            parsed.rows += 1
-            if progress is not None and parsed.rows % 2000 == 0:
-                progress(consumed, total)
             if isinstance(fields, str):
-                parsed.errors.append(f"{path}:{line}: {fields}")
+                yield line, consumed, f"{path}:{line}: {fields}", None
                 continue
             content = _canonical.encode(fields)
             digest = hashlib.blake2b(content, digest_size=16).digest()
@@ -345,46 +254,117 @@ def _parse(path: Path, fmt: str | None, source: str, progress: Progress | None) 
             try:
                 body = parse_record(fields, source=source, line=line, event_id=event_id, from_text=kind == "csv")
             except RowError as exc:
-                parsed.errors.append(f"{path}:{line}: {exc}")
+                yield line, consumed, f"{path}:{line}: {exc}", None
                 continue
             first = call_lines.setdefault(body.call_id, line)
             if first != line:
-                parsed.errors.append(f"{path}:{line}: duplicate call_id {body.call_id!r} (first on line {first})")
+                yield line, consumed, f"{path}:{line}: duplicate call_id {body.call_id!r} (first on line {first})", None
                 continue
+            legacy = None
             if fields.get("call_id") is None:
-                parsed.legacy[event_id] = uuid.uuid5(NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
-            if body.finished_at - body.started_at > _LONG_CALL:
-                seconds = (body.finished_at - body.started_at).total_seconds()
-                parsed.warnings.append(f"{path}:{line}: a call of {seconds:,.0f} s (over a day): check its times")
-            first_start, first_line, last_end, last_line = runs.get(
-                body.run, (body.started_at, line, body.finished_at, line)
-            )
-            if body.started_at < first_start:
-                first_start, first_line = body.started_at, line
-            if body.finished_at > last_end:
-                last_end, last_line = body.finished_at, line
-            runs[body.run] = (first_start, first_line, last_end, last_line)
-            parsed.events.append(
-                new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
-            )
-    for run, (first_start, first_line, last_end, last_line) in runs.items():
-        if run is not None and last_end - first_start > _LONG_RUN:
-            days = (last_end - first_start).total_seconds() / 86400
-            parsed.warnings.append(
-                f"{path}:{first_line}: run {run!r} spreads over {days:,.1f} days in this file (lines {first_line} "
-                f"to {last_line}): check those dates"
-            )
-    if progress is not None:
-        progress(total, total)
-    return parsed
+                legacy = uuid.uuid5(NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
+            event = new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
+            yield line, consumed, event, legacy
+
+
+class _Checked(msgspec.Struct, kw_only=True):
+    """What the first pass over a file found: rows, errors, warnings, and the rows the second pass leaves out."""
+
+    rows: int = 0
+    errors: list[str] = []
+    warnings: list[str] = []
+    stored: int = 0
+    skip: set[uuid.UUID] = set()
+    """Rows already in the ledger, and rows whose call_id is there with other content (errors)."""
+
+
+class _Spans:
+    """Unlikely spans, said as warnings: a call over a day, a run spread over more than a week in the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.runs: dict[
+            str | None, tuple[datetime, int, datetime, int]
+        ] = {}  # first start, its line, last end, its line
+
+    def note(self, body: CallImported, warnings: list[str]) -> None:
+        line = body.line
+        if body.finished_at - body.started_at > _LONG_CALL:
+            seconds = (body.finished_at - body.started_at).total_seconds()
+            warnings.append(f"{self.path}:{line}: a call of {seconds:,.0f} s (over a day): check its times")
+        first_start, first_line, last_end, last_line = self.runs.get(
+            body.run, (body.started_at, line, body.finished_at, line)
+        )
+        if body.started_at < first_start:
+            first_start, first_line = body.started_at, line
+        if body.finished_at > last_end:
+            last_end, last_line = body.finished_at, line
+        self.runs[body.run] = (first_start, first_line, last_end, last_line)
+
+    def runs_spread(self, warnings: list[str]) -> None:
+        for run, (first_start, first_line, last_end, last_line) in self.runs.items():
+            if run is not None and last_end - first_start > _LONG_RUN:
+                days = (last_end - first_start).total_seconds() / 86400
+                warnings.append(
+                    f"{self.path}:{first_line}: run {run!r} spreads over {days:,.1f} days in this file (lines "
+                    f"{first_line} to {last_line}): check those dates"
+                )
+
+
+async def _check(
+    database: Database, path: Path, kind: Format, source: str, progress: Progress | None, size: int
+) -> _Checked:
+    """The first pass: every row validated, and checked against the ledger a batch at a time."""
+    checked = _Checked()
+    spans = _Spans(path)
+    batch: list[NewEvent] = []
+    legacy: dict[uuid.UUID, uuid.UUID] = {}
+
+    async def reconcile() -> None:
+        try:
+            stored, conflicting, errors = await reconcile_with_ledger(database, path, batch, legacy)
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+        checked.stored += len(stored)
+        checked.skip |= stored | conflicting
+        checked.errors.extend(errors)
+        batch.clear()
+        legacy.clear()
+
+    for _, consumed, row, pre_content in _rows(path, kind, source):
+        checked.rows += 1
+        if progress is not None and checked.rows % 2000 == 0:
+            progress(consumed, 2 * size)
+        if isinstance(row, str):
+            checked.errors.append(row)
+            continue
+        assert isinstance(row.body, CallImported)
+        spans.note(row.body, checked.warnings)
+        batch.append(row)
+        if pre_content is not None:
+            legacy[row.event_id] = pre_content
+        if len(batch) >= _BATCH:
+            await reconcile()
+    if batch:
+        await reconcile()
+    spans.runs_spread(checked.warnings)
+    return checked
 
 
 def parse_file(
-    path: Path, *, fmt: str | None = None, source: str | None = None, progress: Progress | None = None
+    path: Path, *, fmt: str | None = None, source: str | None = None
 ) -> tuple[list[NewEvent], list[str], int]:
-    """(events, `file:line: reason` errors, rows seen) for one file."""
-    parsed = _parse(path, fmt, source or path.name, progress)
-    return parsed.events, parsed.errors, parsed.rows
+    """(events, `file:line: reason` errors, rows seen) for one file, in memory (for tests and small files)."""
+    found: list[NewEvent] = []
+    errors: list[str] = []
+    rows = 0
+    for _, _, row, _ in _rows(path, detect_format(path, fmt), source or path.name):
+        rows += 1
+        if isinstance(row, str):
+            errors.append(row)
+        else:
+            found.append(row)
+    return found, errors, rows
 
 
 async def import_file(
@@ -396,29 +376,55 @@ async def import_file(
     skip_invalid: bool = False,
     progress: Progress | None = None,
 ) -> ImportResult:
-    """Import one file in one transaction; raises `ImportFailed` on bad rows unless `skip_invalid`."""
+    """Import one file; raises `ImportFailed` on bad rows (appending nothing) unless `skip_invalid`.
+
+    Two passes, so memory holds a batch rather than the file: the first validates every row and checks it
+    against the ledger; only then does the second read the file again and append it, `_BATCH` rows a
+    transaction. A bad row anywhere means nothing is appended. A failure during the second pass (the
+    database gone, the process killed) leaves the rows appended so far; the same import again appends
+    the rest and nothing twice (ids come from content).
+    """
     path = Path(path)
     if not path.is_file():
         raise ProjectionError(f"{path}: no such file")
-    parsed = _parse(path, fmt, source or path.name, progress)
-    try:
-        todo, stored = await reconcile_with_ledger(database, path, parsed)
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
-    errors = sorted(parsed.errors, key=_line_of)
+    kind = detect_format(path, fmt)
+    source = source or path.name
+    size = _size(path)  # the two passes report progress over twice the file
+    checked = await _check(database, path, kind, source, progress, size)
+    errors = sorted(checked.errors, key=_line_of)
     if errors and not skip_invalid:
         raise ImportFailed(errors)
-    result = await append_events(database, todo) if todo else None
+    appended = duplicates = 0
+    batch: list[NewEvent] = []
+    for _, consumed, row, _ in _rows(path, kind, source):
+        if isinstance(row, str) or row.event_id in checked.skip:
+            continue
+        batch.append(row)
+        if len(batch) >= _BATCH:
+            result = await append_events(database, batch)
+            appended, duplicates = appended + result.appended, duplicates + result.duplicates
+            batch = []
+            if progress is not None:
+                progress(size + consumed, 2 * size)
+    if batch:
+        result = await append_events(database, batch)
+        appended, duplicates = appended + result.appended, duplicates + result.duplicates
+    if progress is not None:
+        progress(2 * size, 2 * size)
     return ImportResult(
         file=str(path),
-        source=source or path.name,
-        rows=parsed.rows,
-        appended=result.appended if result else 0,
-        duplicates=stored + (result.duplicates if result else 0),
+        source=source,
+        rows=checked.rows,
+        appended=appended,
+        duplicates=checked.stored + duplicates,
         invalid=len(errors),
         errors=errors,
-        warnings=sorted(parsed.warnings, key=_line_of),
+        warnings=sorted(checked.warnings, key=_line_of),
     )
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size
 
 
 def _line_of(error: str) -> int:
