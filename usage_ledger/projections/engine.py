@@ -73,9 +73,11 @@ class Projection(Protocol):
     name: str
     handles: frozenset[str]
     table: RowTable
-    partition_key: Callable[[str], str] | None
-    """The key an event's payload belongs to, when rows of different keys never read each other's events
-    (a rebuild's workers each fold a hash range of keys); None: folded in one process."""
+    @property
+    def partition_key(self) -> Callable[[str], str] | None:
+        """The key an event's payload belongs to, when rows of different keys never read each other's events
+        (a rebuild's workers each fold a hash range of keys); None: folded in one process."""
+        ...
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Page, unwritten: Sequence[msgspec.Struct] = ()
