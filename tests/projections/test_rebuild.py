@@ -205,3 +205,5 @@ async def test_workers_fold_what_one_process_folds(database: Database) -> None:
 async def test_workers_must_be_one_or_more(database: Database) -> None:
     with pytest.raises(ValueError, match="workers must be 1 or more, not 0"):
         await rebuild_projection(database, "calls", workers=0)
+    empty = await rebuild_projection(database, "calls", workers=2)  # nothing to fold: the workers read nothing
+    assert empty.head_position == 0

@@ -149,6 +149,8 @@ async def _fold_part_async(url: str, name: str, version: int, head: int, part: i
     key_of = projection.partition_key
     assert key_of is not None
     handles = projection.handles
+    if head == 0:
+        return 0
     database = open_database(url)
     try:
         writing: asyncio.Task[None] | None = None
