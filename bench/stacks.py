@@ -4,11 +4,12 @@
         [--runs 3] [--vllm] [--out results.jsonl]
 
 Each `--stack NAME=PYTHON` is a venv whose `ledger serve` is measured (a worktree of another commit
-has its own). Per run, in a shuffled stack order: `bench/gateway.py` (emulator upstream; reduced
-rounds) and `bench/saturated.py` (CPU-saturated SSE upstream); with `--vllm`, one real vLLM (CPU
+has its own). Per run, in a shuffled stack order: `bench/gateway.py` (emulator upstream; the
+arguments of BENCHMARKS' reference rows) and `bench/saturated.py` (CPU-saturated SSE upstream); with `--vllm`, one real vLLM (CPU
 tier, tests/realvllm) is started once and `bench/gateway.py --upstream` runs against it for every
 stack in the same turns. Every result is a JSON line (stack, bench, run, the script's summary);
-the medians per stack and figure are printed at the end. Each timed run holds /tmp/bench.lock.
+the medians per stack and figure are printed at the end. Each timed run holds `--lock` (flock), so other
+work on the box can wait between runs instead of running beside them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "bench"
-GATEWAY_ARGS = ["--rounds", "2", "--calls", "100", "--streams", "8", "--tokens", "200", "--rss-calls", "500"]
+# the arguments of BENCHMARKS' "Today's figures" rows, so the side-by-side and that table are one measurement
+GATEWAY_ARGS = ["--rounds", "3", "--calls", "200", "--tokens", "1470", "--rss-calls", "500", "--speed", "5"]
+VLLM_ARGS = ["--rounds", "3", "--calls", "100", "--tokens", "200", "--streams", "4", "--rss-calls", "200"]
 SATURATED_ARGS = ["--rounds", "3", "--streams", "4", "--chunks", "1000"]
 FIGURES = (
     "added_latency_median_ms",
@@ -35,8 +38,8 @@ FIGURES = (
 )
 
 
-def run(python: str, script: str, args: list[str]) -> dict[str, object] | None:
-    command = ["flock", "/tmp/bench.lock", python, str(BENCH / script), *args]
+def run(python: str, script: str, args: list[str], lock: str) -> dict[str, object] | None:
+    command = ["flock", lock, python, str(BENCH / script), *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0:
         print(f"FAILED {python} {script}: {done.stderr[-2000:]}", file=sys.stderr)
@@ -52,6 +55,7 @@ def main() -> int:
     parser.add_argument("--vllm-runs", type=int, default=2)
     parser.add_argument("--skip-emulator", action="store_true")
     parser.add_argument("--out", default="stacks.jsonl")
+    parser.add_argument("--lock", default="/tmp/bench.lock", help="a file each timed run holds (flock)")
     args = parser.parse_args()
     stacks = dict(item.split("=", 1) for item in args.stack)
     results: list[dict[str, object]] = []
@@ -69,8 +73,8 @@ def main() -> int:
         order = list(stacks)
         random.Random(turn).shuffle(order)
         for name in order:
-            note(name, "gateway", turn, run(stacks[name], "gateway.py", GATEWAY_ARGS))
-            note(name, "saturated", turn, run(stacks[name], "saturated.py", SATURATED_ARGS))
+            note(name, "gateway", turn, run(stacks[name], "gateway.py", GATEWAY_ARGS, args.lock))
+            note(name, "saturated", turn, run(stacks[name], "saturated.py", SATURATED_ARGS, args.lock))
     if args.vllm:
         sys.path.insert(0, str(REPO))
         from tests.realvllm.servers import MODEL_NAME, build_model, default_vllm_python, start_vllm
@@ -84,7 +88,7 @@ def main() -> int:
                 random.Random(100 + turn).shuffle(order)
                 for name in order:
                     extra = ["--upstream", server.url, "--model", MODEL_NAME]
-                    note(name, "real_vllm", turn, run(stacks[name], "gateway.py", [*GATEWAY_ARGS, *extra]))
+                    note(name, "real_vllm", turn, run(stacks[name], "gateway.py", [*VLLM_ARGS, *extra], args.lock))
         finally:
             server.stop()
     out.close()
