@@ -35,6 +35,7 @@ from usage_ledger.ledger._rows import build_rows
 from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import NewEvent
+from usage_ledger.ledger.sqlite_append import _settle  # the appenders' one way of handing back an outcome
 
 __all__ = ("PostgresAppender",)
 
@@ -216,15 +217,6 @@ class PostgresAppender:
                     hashes[-1],
                 )
         return len(rows), len(batch) - len(rows), last
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
 
 
 def _is_unavailable(exc: BaseException) -> bool:
