@@ -73,6 +73,7 @@ class Projection(Protocol):
     name: str
     handles: frozenset[str]
     table: RowTable
+
     @property
     def partition_key(self) -> Callable[[str], str] | None:
         """The key an event's payload belongs to, when rows of different keys never read each other's events
