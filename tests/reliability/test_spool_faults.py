@@ -3,7 +3,7 @@
 - A spool with a damaged record in the middle: the gateway starts anyway, replays the good
   records on both sides of it, quarantines the damaged bytes and says `degraded` until they are moved.
 - A spool on a 1 MiB tmpfs that fills up: every write either lands whole or is cut back and
-  raised; the file always scans clean (skipped where `mount -t tmpfs` is not permitted).
+  raised; the file always scans clean (skipped where `mount -t tmpfs` is not permitted; a failure in CI).
 - PostgreSQL behind `TcpCut`: calls spooled during a cut reach the database after it returns
   with no further request (the writer replays on its retry timer).
 """
@@ -19,6 +19,7 @@ import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests._required import required
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.test_faults import TcpCut
@@ -74,7 +75,7 @@ async def test_serve_starts_on_a_damaged_spool_and_recovers_around_it(
 
 
 def test_a_full_disk_never_leaves_a_torn_record(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "small", "1m") as small:
+    with required(), tmpfs(tmp_path / "small", "1m") as small:
         kept: list[SpoolRecord] = []
         failures = 0
         with Spool(small) as spool:
