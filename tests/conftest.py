@@ -1,9 +1,13 @@
-"""Shared fixtures: a fresh, migrated ledger database on each backend.
+"""Shared fixtures: a fresh, migrated ledger database on each backend; the real emulator and gateway processes.
 
 `backend_url` / `database` are parametrised over SQLite and PostgreSQL. PostgreSQL comes from
 `TEST_PG_URL` (a server where the user may CREATE DATABASE); each test gets its own database,
 dropped afterwards. Without `TEST_PG_URL` the PostgreSQL cases skip — unless
 `LEDGER_TEST_REQUIRE_PG=1` (set by CI), where they fail instead.
+
+`emulator` (one per module) and `gateway` (one per test, over `backend_url`) are the real `ledger emulate`
+and `ledger serve` on loopback ports (tests/gateway/processes.py); a module sets `EMULATOR_SPEED` and
+`GATEWAY_ENV` to change how they run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from tests.gateway import processes
+from tests.gateway.processes import Process
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.migrate import upgrade_database
 
@@ -84,3 +90,27 @@ async def database(backend_url: str) -> AsyncIterator[Database]:
         yield db
     finally:
         await db.dispose()
+
+
+@pytest.fixture(scope="module")
+def emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """`ledger emulate` for the module, at its `EMULATOR_SPEED` (default 20)."""
+    speed = getattr(request.module, "EMULATOR_SPEED", 20)
+    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=speed).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def gateway(request: pytest.FixtureRequest, emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
+    """`ledger serve` in front of `emulator` on a migrated ledger of each backend, the module's `GATEWAY_ENV` added
+    to its environment."""
+    processes.upgrade(backend_url)
+    env = getattr(request.module, "GATEWAY_ENV", None)
+    proc = processes.gateway(tmp_path, emulator.url, backend_url, env=env).start()  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,25 +19,6 @@ from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Ev
 from usage_ledger.ledger.read import iter_events
 
 MODEL = "emulator-moe"
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu")).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def gateway(emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
-    processes.upgrade(backend_url)
-    proc = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def ledger_events(db_url: str) -> list[Event]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,15 +19,9 @@ from usage_ledger.ledger.events import CallFinished, CallStarted
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def slow_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    # real-time speed: a flood of chunks would only measure an overloaded CPU
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=1).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+# real-time speed for the shared `emulator` fixture (tests/conftest.py): a flood of chunks would only measure an
+# overloaded CPU
+EMULATOR_SPEED = 1
 
 
 async def verify(db_url: str) -> subprocess.CompletedProcess[str]:
@@ -37,9 +30,9 @@ async def verify(db_url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_url: str, tmp_path: Path) -> None:
+async def test_kill_9_during_concurrent_streams(emulator: Process, backend_url: str, tmp_path: Path) -> None:
     processes.upgrade(backend_url)
-    gw = processes.gateway(tmp_path, slow_emulator.url, backend_url).start()  # type: ignore[attr-defined]
+    gw = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
     client = sdk(gw.url)  # type: ignore[attr-defined]
     done = [
         await client.chat.completions.create(
@@ -80,7 +73,7 @@ async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_
     assert {c.id.removeprefix("chatcmpl-") for c in done} == {e.upstream_request_id for e in finished}
     assert (await verify(backend_url)).returncode == 0
 
-    again = processes.gateway(tmp_path, slow_emulator.url, backend_url, port=gw.port).start()  # type: ignore[attr-defined]
+    again = processes.gateway(tmp_path, emulator.url, backend_url, port=gw.port).start()  # type: ignore[attr-defined]
     try:
         client = sdk(again.url)  # type: ignore[attr-defined]
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "after"}], max_tokens=2)
@@ -131,13 +124,13 @@ class TcpCut:
         self.writers -= {writer, up_writer}
 
 
-async def test_database_outage_spools_and_replays(slow_emulator: Process, fresh_pg_url: str, tmp_path: Path) -> None:
+async def test_database_outage_spools_and_replays(emulator: Process, fresh_pg_url: str, tmp_path: Path) -> None:
     processes.upgrade(fresh_pg_url)
     parsed = make_url(fresh_pg_url)
     relay = TcpCut(parsed.host or "127.0.0.1", parsed.port or 5432)
     await relay.start()
     via_relay = parsed.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-    gw = processes.gateway(tmp_path, slow_emulator.url, via_relay)  # type: ignore[attr-defined]
+    gw = processes.gateway(tmp_path, emulator.url, via_relay)  # type: ignore[attr-defined]
     await asyncio.to_thread(gw.start)  # the relay runs on this loop: do not block it
     client = sdk(gw.url)  # type: ignore[attr-defined]
     health_url = gw.url + "/_ledger/health"  # type: ignore[attr-defined]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -48,3 +50,16 @@ def head_of(url: str) -> int:
             await database.dispose()
 
     return asyncio.run(run())
+
+
+async def build_ledger(url: str, *fill: Callable[[Database], Awaitable[object]]) -> str:
+    """Migrate the ledger at `url` and run each of `fill` on it (a seed), for code under test that opens the
+    database itself (the CLI, a server process); returns `url`."""
+    database = open_database(url, null_pool=True)
+    try:
+        await upgrade_database(database)
+        for step in fill:
+            await step(database)
+    finally:
+        await database.dispose()
+    return url

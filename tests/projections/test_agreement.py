@@ -41,6 +41,8 @@ from usage_ledger.projections.agreement_text import regex_extractor
 from usage_ledger.projections.callviews import get_call
 from usage_ledger.projections.errors import NotFound
 
+EMULATOR_SPEED = 50  # the shared `emulator` fixture (tests/conftest.py)
+
 # --- bodies that are not there: imported, redacted, omitted (events built directly, both backends) -------
 
 
@@ -154,25 +156,6 @@ def _prompt(ticker: str, grade: str) -> str:
     return (
         f"Ticker {ticker}. Grade: {grade}\n```json\n" + json.dumps({"grade": grade, "score": SCORE[grade]}) + "\n```\n"
     )
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=50).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def gateway(emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
-    processes.upgrade(backend_url)
-    proc = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(autouse=True)

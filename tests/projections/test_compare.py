@@ -10,7 +10,6 @@ import asyncio
 import json
 import statistics
 import subprocess
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -36,6 +35,8 @@ from usage_ledger.projections.compare_latency import Latency, Sample
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.projections.importer import import_file
 
+EMULATOR_SPEED = 2  # the shared `emulator` fixture (tests/conftest.py)
+
 MODEL = "emulator-moe"
 PERCENTILES = (50, 90, 99)
 
@@ -57,15 +58,6 @@ def test_an_empty_sample_has_no_percentile() -> None:
 
 
 # -- a ledger recorded through the gateway --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=2).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 RUNS = {  # run: (calls, concurrency, max_tokens, temperature)

@@ -11,10 +11,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import structlog
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import AUTO_1, AUTO_2, seed_fit_ledger
 from usage_ledger.cli import main
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.projections.filters import InvalidFilter, parse_filter, parse_time
 
 SEOUL = ZoneInfo("Asia/Seoul")
@@ -28,16 +27,7 @@ def _reset_logging() -> Iterator[None]:
 
 @pytest.fixture
 def db(backend_url: str) -> str:
-    async def build() -> None:
-        database = open_database(backend_url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await seed_fit_ledger(database)
-        finally:
-            await database.dispose()
-
-    asyncio.run(build())
-    return backend_url
+    return asyncio.run(build_ledger(backend_url, seed_fit_ledger))
 
 
 def _json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, object]]:

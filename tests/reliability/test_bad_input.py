@@ -19,14 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.live import live_gateway, serving
+from tests.gateway.conftest import rigged
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.importer import parse_file
 
 # -- X-Ledger-* headers ---------------------------------------------------------------------------
@@ -141,13 +139,8 @@ LIMIT = 4096
 async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Capture]]:
     capture = Capture()
     settings = GatewaySettings(max_body_bytes=LIMIT)
-    async with (
-        serving(capture) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
-    ):
-        yield client, capture
+    async with rigged(database, settings, tmp_path / "spool", upstream=capture) as rig:
+        yield rig.client, capture
 
 
 BAD_BODIES = [
