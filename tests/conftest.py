@@ -7,7 +7,8 @@ dropped afterwards. Without `TEST_PG_URL` the PostgreSQL cases skip — unless
 
 `emulator` (one per module) and `gateway` (one per test, over `backend_url`) are the real `ledger emulate`
 and `ledger serve` on loopback ports (tests/gateway/processes.py); a module sets `EMULATOR_SPEED` and
-`GATEWAY_ENV` to change how they run.
+`GATEWAY_ENV` to change how they run. `relayed_gateway` is one on a fresh PostgreSQL ledger reached through a
+relay the test can cut (tests/gateway/relay.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from sqlalchemy.engine import make_url
 
 from tests.gateway import processes
 from tests.gateway.processes import Process
+from tests.gateway.relay import RelayedGateway, relayed_gateway
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.migrate import upgrade_database
 
@@ -92,6 +95,14 @@ async def database(backend_url: str) -> AsyncIterator[Database]:
         await db.dispose()
 
 
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """A CLI run in-process (`main`) configures structlog for the process, bound to the captured stderr: each
+    test starts from its defaults."""
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture(scope="module")
 def emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     """`ledger emulate` for the module, at its `EMULATOR_SPEED` (default 20)."""
@@ -114,3 +125,9 @@ def gateway(request: pytest.FixtureRequest, emulator: Process, backend_url: str,
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(name="relayed_gateway")
+async def _relayed_gateway(emulator: Process, fresh_pg_url: str, tmp_path: Path) -> AsyncIterator[RelayedGateway]:
+    async with relayed_gateway(emulator.url, fresh_pg_url, tmp_path) as relayed:  # type: ignore[attr-defined]
+        yield relayed

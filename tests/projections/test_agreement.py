@@ -16,14 +16,13 @@ import json
 import random
 import re
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
-import structlog
 
 from tests.gateway import processes
 from tests.gateway.processes import Process
@@ -156,12 +155,6 @@ def _prompt(ticker: str, grade: str) -> str:
     return (
         f"Ticker {ticker}. Grade: {grade}\n```json\n" + json.dumps({"grade": grade, "score": SCORE[grade]}) + "\n```\n"
     )
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 async def _completion(client: httpx.AsyncClient, run: str, ticker: str, grade: str, *, stream: bool, step: str) -> str:

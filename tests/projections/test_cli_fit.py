@@ -15,11 +15,9 @@ import pty
 import struct
 import subprocess
 import termios
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from rich.cells import cell_len
 
 from tests.ledger.helpers import build_ledger
@@ -28,12 +26,6 @@ from tests.projections.test_terminal import LEDGER
 from usage_ledger.cli import main
 
 WIDTH = 100
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)

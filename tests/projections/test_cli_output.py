@@ -9,11 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 
 import msgspec
 import pytest
-import structlog
 from rich.cells import cell_len
 
 from tests.ledger.helpers import build_ledger
@@ -28,12 +26,6 @@ from usage_ledger.ledger.db import open_database
 from usage_ledger.projections.engine import catch_up_all
 
 WIDTH = 100
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-import structlog
 
 from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import AUTO_1, AUTO_2, seed_fit_ledger
@@ -17,12 +15,6 @@ from usage_ledger.cli import main
 from usage_ledger.projections.filters import InvalidFilter, parse_filter, parse_time
 
 SEOUL = ZoneInfo("Asia/Seoul")
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture
