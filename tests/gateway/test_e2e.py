@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from tests._polling import wait_until
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.wire import read_response
@@ -112,8 +113,12 @@ async def test_upstream_faults_through_the_gateway(gateway: Process, backend_url
         async for _ in stream:
             pass
     await client.close()
-    await asyncio.sleep(0.5)
-    failed = {e.reason: e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)}
+
+    async def failures() -> dict[str, CallFailed] | None:
+        failed = {e.reason: e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)}
+        return failed if len(failed) == 2 else None
+
+    failed = await wait_until(failures, what="both failures recorded")
     assert set(failed) == {"upstream_error_in_stream", "upstream_reset"}
     assert failed["upstream_reset"].chunk_count >= 2
 

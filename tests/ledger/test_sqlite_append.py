@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import usage_ledger.ledger.sqlite_append as sqlite_append
+from tests._polling import wait_until
 from tests.ledger.helpers import call_events
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database, open_database
@@ -211,16 +212,17 @@ async def test_the_appender_thread_outlives_a_cancelled_caller_and_refuses_work_
     await upgrade_database(database)
     appender = database.sqlite_appender
     assert appender is not None
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
     def slow(conn: sqlite3.Connection) -> int:
+        started.set()
         release.wait(5)
         conn.execute("CREATE TABLE finished_anyway (x)")
         return 1
 
     try:
         waiting = asyncio.ensure_future(appender.transaction(slow))
-        await asyncio.sleep(0.05)  # the work has started on the thread
+        await wait_until(started.is_set, what="the work started on the thread")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from tests._polling import wait_until
 from tests.ledger.helpers import call_events
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.metrics import Metrics
@@ -67,7 +68,9 @@ async def test_the_outage_is_logged_at_warning_once_and_retried_on_the_timer(
     with capture_logs() as logs:
         async with EventWriter(down, Spool(tmp_path / "spool"), retry_interval_s=0.05) as writer:
             await writer.append(call_events(1))
-            await asyncio.sleep(0.5)  # several timer retries
+            await wait_until(  # several timer retries
+                lambda: sum(e["event"] == "spool_replay_deferred" for e in logs) >= 3, what="three retries"
+            )
             writer.database = database
     await down.dispose()
     warnings = [e for e in logs if e["log_level"] == "warning"]
