@@ -26,8 +26,8 @@ from sqlalchemy.engine import make_url
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.relay import RelayedGateway, relayed_gateway
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.migrate import upgrade_database
+from tests.ledger.helpers import migrated
+from usage_ledger.ledger.db import Database
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -87,12 +87,8 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 async def database(backend_url: str) -> AsyncIterator[Database]:
     """A migrated ledger database on each backend."""
-    db = open_database(backend_url, null_pool=True)
-    await upgrade_database(db)
-    try:
+    async with migrated(backend_url) as db:
         yield db
-    finally:
-        await db.dispose()
 
 
 @pytest.fixture(autouse=True)

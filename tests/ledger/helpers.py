@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from usage_ledger.ledger.db import Database, open_database
@@ -52,14 +53,21 @@ def head_of(url: str) -> int:
     return asyncio.run(run())
 
 
-async def build_ledger(url: str, *fill: Callable[[Database], Awaitable[object]]) -> str:
-    """Migrate the ledger at `url` and run each of `fill` on it (a seed), for code under test that opens the
-    database itself (the CLI, a server process); returns `url`."""
+@contextlib.asynccontextmanager
+async def migrated(url: str) -> AsyncIterator[Database]:
+    """The ledger at `url`, migrated, open (no pool: each test's own connections) until the block ends."""
     database = open_database(url, null_pool=True)
     try:
         await upgrade_database(database)
-        for step in fill:
-            await step(database)
+        yield database
     finally:
         await database.dispose()
+
+
+async def build_ledger(url: str, *fill: Callable[[Database], Awaitable[object]]) -> str:
+    """Migrate the ledger at `url` and run each of `fill` on it (a seed), for code under test that opens the
+    database itself (the CLI, a server process); returns `url`."""
+    async with migrated(url) as database:
+        for step in fill:
+            await step(database)
     return url

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.conftest import rigged
+from tests.gateway.upstream import read_body
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
@@ -120,13 +121,7 @@ class Capture:
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(body)
+        self.bodies.append(await read_body(receive))
         answer = b'{"error":{"message":"bad body","type":"BadRequestError","param":null,"code":400}}'
         await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": answer})
