@@ -170,16 +170,13 @@ async def test_client_disconnect_cancels_upstream(gateway: Process, emulator: Pr
             break
     await stream.close()
     await client.close()
-    for _ in range(100):
-        if aborts() > before:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: aborts() > before, every_s=0.05, what="the emulator's request aborted")
     assert aborts() == before + 1
-    for _ in range(50):
-        failed = [e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)]
-        if failed:
-            break
-        await asyncio.sleep(0.1)
+
+    async def failures() -> list[CallFailed]:
+        return [e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)]
+
+    failed = await wait_until(failures, every_s=0.1, what="the call's failure recorded")
     assert [(e.reason, e.phase) for e in failed] == [("client_disconnected", "stream")]
     assert failed[0].chunk_count >= 3
     # the output it saw, with its own provenance: no usage came, so the content deltas were counted

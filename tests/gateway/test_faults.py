@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests._polling import wait_until
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.relay import RelayedGateway, TcpCut  # noqa: F401 - TcpCut: still importable from here
@@ -55,11 +56,12 @@ async def test_kill_9_during_concurrent_streams(emulator: Process, backend_url: 
             progress[i] += 1
 
     tasks = [asyncio.create_task(stream(i)) for i in range(14)]
-    for _ in range(300):  # wait until every stream flows and its call.started is committed
+
+    async def flowing() -> bool:  # every stream flows and its call.started is committed
         started = [e for e in await ledger_events(backend_url) if isinstance(e, CallStarted)]
-        if len(started) == 17 and min(progress) >= 3:
-            break
-        await asyncio.sleep(0.1)
+        return len(started) == 17 and min(progress) >= 3
+
+    await wait_until(flowing, every_s=0.1, what="17 calls started, every stream flowing")
     gw.kill()  # SIGKILL mid-stream: no shutdown, no flush
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, openai.APIError | httpx.HTTPError) for r in results), results

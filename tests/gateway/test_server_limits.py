@@ -135,10 +135,7 @@ async def test_request_bodies_over_the_shared_budget_get_503_and_the_budget_come
     async with echo_gateway(settings, database, tmp_path) as gw:
         budget = gw.live.app.proxy.request_bytes
         holding = await _connect(gw.port, post("/v1/x", b"a" * 2000)[:-1200])  # 800 bytes held, stalled
-        for _ in range(100):
-            if budget.held == 800:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: budget.held == 800, what="800 bytes held")
         reader, writer = await _connect(gw.port, post("/v1/x", b"b" * 500))
         status, _, error = await _error(reader)
         assert status == 503 and "LEDGER_MAX_REQUEST_BYTES_IN_FLIGHT" in error["message"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 from pathlib import Path
@@ -49,11 +48,7 @@ async def test_the_spool_is_replayed_on_a_timer_without_traffic(database: Databa
         assert health["status"] == "degraded" and health["spooling"]
         assert "spool cannot be replayed yet: database unavailable" in str(health["reasons"])
         writer.database = database  # the database is back; nothing more is sent
-        for _ in range(100):  # up to 5 s
-            if not writer.spooling:
-                break
-            await asyncio.sleep(0.05)
-        assert not writer.spooling, "the spool was not replayed without traffic"
+        await wait_until(lambda: not writer.spooling, timeout_s=5, what="the spool replayed without traffic")
         assert await _stored_ids(database) == [str(e.event_id) for b in batches for e in b]
         assert spool.size_bytes == 0
         assert (await _health(writer, database))["status"] == "ok"
