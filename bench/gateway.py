@@ -87,6 +87,39 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def new_ledger(prefix: str) -> tuple[Path, str]:
+    """A temp directory with a migrated SQLite ledger in it: (directory, database URL)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    db = f"sqlite:///{tmp / 'ledger.db'}"
+    subprocess.run([LEDGER, "db", "upgrade", "--db", db], check=True, capture_output=True)
+    return tmp, db
+
+
+def start_gateway(
+    upstream: str, port: int, db: str, tmp: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """`ledger serve` in front of `upstream`, its spool and warnings (`gateway.log`) in `tmp`."""
+    return subprocess.Popen(
+        [
+            *(LEDGER, "serve", "--upstream", upstream, "--port", str(port), "--db", db),
+            *("--spool-dir", str(tmp / "spool"), *extra),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp / "gateway.log", "wb"),  # closed with the process (Popen keeps it)
+        env={**os.environ, "LEDGER_LOG_LEVEL": "warning", **(env or {})},
+    )
+
+
+def medians(rounds: list[dict[str, float]]) -> dict[str, object]:
+    """Each figure's median over the rounds."""
+    return {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
+
+
+def machine() -> dict[str, object]:
+    """What else the box was doing: the 1-minute load average and the number of CPUs."""
+    return {"loadavg_1m": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
+
+
 def chat(stream: bool, tokens: int, i: int) -> dict[str, object]:
     body: dict[str, object] = {
         "model": MODEL,  # --model sets it
@@ -179,11 +212,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-gw-"))
-    db = f"sqlite:///{tmp / 'ledger.db'}"
-    subprocess.run([LEDGER, "db", "upgrade", "--db", db], check=True, capture_output=True)
+    tmp, db = new_ledger("bench-gw-")
     emu_port, gw_port = free_port(), free_port()
-    env = {**os.environ, "LEDGER_LOG_LEVEL": "warning"}
     emu: subprocess.Popen[bytes] | None = None
     if args.upstream:
         upstream = args.upstream.rstrip("/")
@@ -195,26 +225,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-    gw = subprocess.Popen(
-        [
-            LEDGER,
-            "serve",
-            "--upstream",
-            upstream,
-            "--port",
-            str(gw_port),
-            "--db",
-            db,
-            "--spool-dir",
-            str(tmp / "spool"),
-            "--durability",
-            args.durability,
-            *(["--no-projections"] if args.no_projections else []),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "gateway.log", "wb"),
-        env=env,
-    )
+    no_projections = ["--no-projections"] if args.no_projections else []
+    gw = start_gateway(upstream, gw_port, db, tmp, "--durability", args.durability, *no_projections)
     relay_port = free_port()
     relay = subprocess.Popen([sys.executable, RELAY, str(relay_port), str(emu_port)])
     direct, via = upstream, f"http://127.0.0.1:{gw_port}"
@@ -297,7 +309,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
             if proc is not None:
                 proc.terminate()
                 proc.wait(timeout=60)
-    summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
+    summary = medians(rounds)
     summary.update(
         added_latency_p99_ms_all_rounds=round((pct(pooled_gateway, 0.99) - pct(pooled_direct, 0.99)) * 1000, 4),
         latency_max_ms_direct_gateway=[round(max(pooled_direct) * 1000, 3), round(max(pooled_gateway) * 1000, 3)],
@@ -320,8 +332,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         rss_mib_per_tenth=rss_samples,
         fsync_ms_p50_p99_before=[round(v, 3) for v in fsync_before],
         fsync_ms_p50_p99_after=[round(v, 3) for v in fsync_after],
-        loadavg_1m=round(os.getloadavg()[0], 2),
-        cpus=os.cpu_count(),
+        **machine(),
     )
     return summary
 

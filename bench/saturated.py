@@ -17,17 +17,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import cast
 
-LEDGER = str(Path(sys.executable).parent / "ledger")
-TICK = os.sysconf("SC_CLK_TCK")
+from gateway import cpu_seconds, machine, medians, new_ledger, start_gateway, wait_listening  # bench/ is on sys.path
+
+from usage_ledger.processes import free_port
+
 CHUNK = (
     b'data: {"id":"chatcmpl-flood","object":"chat.completion.chunk","created":1,"model":"flood",'
     b'"choices":[{"index":0,"delta":{"content":"tok"},"logprobs":null,"finish_reason":null}]}\n\n'
@@ -89,11 +87,6 @@ async def _serve(port: int, chunks: int) -> None:
     await server.serve_forever()
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
 async def _streams(port: int, streams: int) -> tuple[float, int]:
     """`streams` concurrent streams over raw sockets; chunks per second over all of them."""
     body = b'{"model":"flood","messages":[{"role":"user","content":"x"}],"stream":true}'
@@ -123,45 +116,16 @@ async def _streams(port: int, streams: int) -> tuple[float, int]:
     return sum(counts) / (time.perf_counter() - t0), sum(counts)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_listening(port: int) -> None:
-    import socket
-
-    for _ in range(600):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"not listening: {port}")
-
-
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-sat-"))
-    db = f"sqlite:///{tmp / 'ledger.db'}"
-    subprocess.run([LEDGER, "db", "upgrade", "--db", db], check=True, capture_output=True)
-    flood_port, gw_port = _free_port(), _free_port()
+    tmp, db = new_ledger("bench-sat-")
+    flood_port, gw_port = free_port(), free_port()
     flood = subprocess.Popen([sys.executable, __file__, "--serve", str(flood_port), "--chunks", str(args.chunks)])
-    gw = subprocess.Popen(
-        [
-            *(LEDGER, "serve", "--upstream", f"http://127.0.0.1:{flood_port}", "--port", str(gw_port), "--db", db),
-            *("--spool-dir", str(tmp / "spool"), "--no-projections"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp / "gateway.log", "wb"),
-        env={**os.environ, "LEDGER_LOG_LEVEL": "warning", "LEDGER_SERVER_SAMPLE_S": "0"},
-    )
+    upstream = f"http://127.0.0.1:{flood_port}"
+    gw = start_gateway(upstream, gw_port, db, tmp, "--no-projections", env={"LEDGER_SERVER_SAMPLE_S": "0"})
     rounds: list[dict[str, float]] = []
     try:
-        _wait_listening(flood_port)
-        _wait_listening(gw_port)
+        wait_listening(flood_port, flood)
+        wait_listening(gw_port, gw)
         await _streams(gw_port, 2)  # warm up both
         await _streams(flood_port, 2)
         for _ in range(args.rounds):
@@ -181,14 +145,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         for proc in (gw, flood):
             proc.terminate()
             proc.wait(timeout=60)
-    summary: dict[str, object] = {key: round(statistics.median(r[key] for r in rounds), 4) for key in rounds[0]}
-    summary.update(
-        rounds=args.rounds,
-        streams=args.streams,
-        chunks=args.chunks,
-        loadavg_1m=round(os.getloadavg()[0], 2),
-        cpus=os.cpu_count(),
-    )
+    summary = medians(rounds)
+    summary.update(rounds=args.rounds, streams=args.streams, chunks=args.chunks, **machine())
     return summary
 
 

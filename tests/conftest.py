@@ -1,9 +1,14 @@
-"""Shared fixtures: a fresh, migrated ledger database on each backend.
+"""Shared fixtures: a fresh, migrated ledger database on each backend; the real emulator and gateway processes.
 
 `backend_url` / `database` are parametrised over SQLite and PostgreSQL. PostgreSQL comes from
 `TEST_PG_URL` (a server where the user may CREATE DATABASE); each test gets its own database,
 dropped afterwards. Without `TEST_PG_URL` the PostgreSQL cases skip — unless
 `LEDGER_TEST_REQUIRE_PG=1` (set by CI), where they fail instead.
+
+`emulator` (one per module) and `gateway` (one per test, over `backend_url`) are the real `ledger emulate`
+and `ledger serve` on loopback ports (tests/gateway/processes.py); a module sets `EMULATOR_SPEED` and
+`GATEWAY_ENV` to change how they run. `relayed_gateway` is one on a fresh PostgreSQL ledger reached through a
+relay the test can cut (tests/gateway/relay.py).
 """
 
 from __future__ import annotations
@@ -15,10 +20,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from sqlalchemy.engine import make_url
 
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.migrate import upgrade_database
+from tests.gateway import processes
+from tests.gateway.processes import Process
+from tests.gateway.relay import RelayedGateway, relayed_gateway
+from tests.ledger.helpers import migrated
+from usage_ledger.ledger.db import Database
 
 BACKENDS = ("sqlite", "postgresql")
 
@@ -78,9 +87,43 @@ def backend_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 async def database(backend_url: str) -> AsyncIterator[Database]:
     """A migrated ledger database on each backend."""
-    db = open_database(backend_url, null_pool=True)
-    await upgrade_database(db)
-    try:
+    async with migrated(backend_url) as db:
         yield db
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """A CLI run in-process (`main`) configures structlog for the process, bound to the captured stderr: each
+    test starts from its defaults."""
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture(scope="module")
+def emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """`ledger emulate` for the module, at its `EMULATOR_SPEED` (default 20)."""
+    speed = getattr(request.module, "EMULATOR_SPEED", 20)
+    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=speed).start()
+    try:
+        yield proc
     finally:
-        await db.dispose()
+        proc.stop()
+
+
+@pytest.fixture
+def gateway(request: pytest.FixtureRequest, emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
+    """`ledger serve` in front of `emulator` on a migrated ledger of each backend, the module's `GATEWAY_ENV` added
+    to its environment."""
+    processes.upgrade(backend_url)
+    env = getattr(request.module, "GATEWAY_ENV", None)
+    proc = processes.gateway(tmp_path, emulator.url, backend_url, env=env).start()  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(name="relayed_gateway")
+async def _relayed_gateway(emulator: Process, fresh_pg_url: str, tmp_path: Path) -> AsyncIterator[RelayedGateway]:
+    async with relayed_gateway(emulator.url, fresh_pg_url, tmp_path) as relayed:  # type: ignore[attr-defined]
+        yield relayed

@@ -14,11 +14,11 @@ import msgspec
 import pytest
 from rich.cells import cell_len
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.helpers import finished, started
 from usage_ledger.demo import DemoOptions, demo_plan, repeat_plan
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.projections.reports import runs_report, tickers_report
@@ -45,15 +45,8 @@ def _reports(db_file: Path, formula: str = "batch_aggregate") -> tuple[list[RunR
 def _earlier_ledger(db_file: Path) -> None:
     """A ledger the user already explored: one run of one call, which the demo must keep."""
 
-    async def build() -> None:
-        database = open_database(f"sqlite:///{db_file}", null_pool=True)
-        try:
-            await upgrade_database(database)
-            await append_events(database, [started("e1", 0, run="earlier", model="m"), finished("e1", 0, 10)])
-        finally:
-            await database.dispose()
-
-    asyncio.run(build())
+    events = [started("e1", 0, run="earlier", model="m"), finished("e1", 0, 10)]
+    asyncio.run(build_ledger(f"sqlite:///{db_file}", lambda database: append_events(database, events)))
 
 
 # MoE ÷ dense in the seed (DESIGN §7): 911 ÷ 118 aggregate; per call 911/14 ÷ 118/3 (README).

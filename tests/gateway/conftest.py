@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,7 +26,7 @@ from usage_ledger.ledger.writer import EventWriter
 class Rig:
     app: GatewayApp
     client: httpx.AsyncClient
-    upstream: FakeUpstream
+    upstream: FakeUpstream  # or the ASGI app given to `rigged`
     writer: EventWriter
     database: Database
 
@@ -42,13 +44,28 @@ def settings() -> GatewaySettings:
     return make_settings()
 
 
-@pytest.fixture
-async def rig(database: Database, settings: GatewaySettings, tmp_path: Path) -> AsyncIterator[Rig]:
-    upstream = FakeUpstream()
+@contextlib.asynccontextmanager
+async def rigged(
+    database: Database,
+    settings: GatewaySettings,
+    spool_dir: Path,
+    *,
+    upstream: FakeUpstream | None = None,
+    **create: Any,
+) -> AsyncIterator[Rig]:
+    """The gateway on a loopback port in front of `upstream` (an ASGI app; a `FakeUpstream` by default), recording into
+    `database`, and a client for it; `create` goes to `create_app` (api_routers, …)."""
+    upstream = upstream if upstream is not None else FakeUpstream()
     async with (
         serving(upstream) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
+        EventWriter(database, Spool(spool_dir)) as writer,
+        live_gateway(settings, database=database, writer=writer, upstream=upstream_url, **create) as gateway,
         httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
     ):
         yield Rig(app=gateway.app, client=client, upstream=upstream, writer=writer, database=database)
+
+
+@pytest.fixture
+async def rig(database: Database, settings: GatewaySettings, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with rigged(database, settings, tmp_path / "spool") as rig:
+        yield rig

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import uvicorn
 
+from tests.gateway.upstream import read_body
 from usage_ledger.gateway.app import GatewayApp, create_app
 from usage_ledger.gateway.serve import bind_socket
 from usage_ledger.gateway.server import GatewayServer
@@ -85,12 +86,7 @@ class EchoUpstream:
         self.left = asyncio.Event()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive)
         self.handled.append(body)
         path = scope["path"]
         if path.startswith("/slow"):

@@ -2,15 +2,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 from litestar import Router, get
 
-from tests.gateway.conftest import make_settings
-from tests.gateway.live import live_gateway, serving
-from tests.gateway.upstream import FakeUpstream
+from tests.gateway.conftest import make_settings, rigged
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.writer import EventWriter
 
 
 @get("/ping")
@@ -20,18 +15,9 @@ async def ping() -> dict[str, str]:
 
 async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Path) -> None:
     settings = make_settings(admin_token="s3cret")
-    async with (
-        serving(FakeUpstream()) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(
-            settings,
-            database=database,
-            writer=writer,
-            upstream=upstream_url,
-            api_routers=[Router(path="/extra", route_handlers=[ping])],
-        ) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
-    ):
+    extra = [Router(path="/extra", route_handlers=[ping])]
+    async with rigged(database, settings, tmp_path / "spool", api_routers=extra) as rig:
+        client = rig.client
         call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
         call_id = call.headers["x-ledger-call-id"]
         auth = {"authorization": "Bearer s3cret"}

@@ -9,13 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.conftest import make_settings
-from tests.gateway.live import live_gateway, serving
-from tests.gateway.upstream import FakeUpstream
+from tests.gateway.conftest import make_settings, rigged
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.read import head_position
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.api import MAX_LIMIT, MAX_OFFSET, build_api_routers
 from usage_ledger.projections.engine import catch_up_all
 
@@ -26,18 +22,9 @@ AUTH = {"authorization": "Bearer s3cret"}
 async def admin(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     """The gateway with the read API mounted, one recorded call; yields the client and the call id."""
     settings = make_settings(admin_token="s3cret")
-    async with (
-        serving(FakeUpstream()) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(
-            settings,
-            database=database,
-            writer=writer,
-            upstream=upstream_url,
-            api_routers=build_api_routers(database, admin_token=settings.admin_token),
-        ) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
-    ):
+    api_routers = build_api_routers(database, admin_token=settings.admin_token)
+    async with rigged(database, settings, tmp_path / "spool", api_routers=api_routers) as rig:
+        client = rig.client
         call = await client.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
         await catch_up_all(database)
         yield client, call.headers["x-ledger-call-id"]

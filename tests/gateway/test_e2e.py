@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests._polling import wait_until
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.wire import read_response
@@ -20,25 +20,6 @@ from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Ev
 from usage_ledger.ledger.read import iter_events
 
 MODEL = "emulator-moe"
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu")).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def gateway(emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
-    processes.upgrade(backend_url)
-    proc = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def ledger_events(db_url: str) -> list[Event]:
@@ -132,8 +113,12 @@ async def test_upstream_faults_through_the_gateway(gateway: Process, backend_url
         async for _ in stream:
             pass
     await client.close()
-    await asyncio.sleep(0.5)
-    failed = {e.reason: e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)}
+
+    async def failures() -> dict[str, CallFailed] | None:
+        failed = {e.reason: e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)}
+        return failed if len(failed) == 2 else None
+
+    failed = await wait_until(failures, what="both failures recorded")
     assert set(failed) == {"upstream_error_in_stream", "upstream_reset"}
     assert failed["upstream_reset"].chunk_count >= 2
 
@@ -185,16 +170,13 @@ async def test_client_disconnect_cancels_upstream(gateway: Process, emulator: Pr
             break
     await stream.close()
     await client.close()
-    for _ in range(100):
-        if aborts() > before:
-            break
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: aborts() > before, every_s=0.05, what="the emulator's request aborted")
     assert aborts() == before + 1
-    for _ in range(50):
-        failed = [e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)]
-        if failed:
-            break
-        await asyncio.sleep(0.1)
+
+    async def failures() -> list[CallFailed]:
+        return [e for e in await ledger_events(backend_url) if isinstance(e, CallFailed)]
+
+    failed = await wait_until(failures, every_s=0.1, what="the call's failure recorded")
     assert [(e.reason, e.phase) for e in failed] == [("client_disconnected", "stream")]
     assert failed[0].chunk_count >= 3
     # the output it saw, with its own provenance: no usage came, so the content deltas were counted

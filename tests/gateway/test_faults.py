@@ -1,34 +1,29 @@
-"""Reliability, end to end: kill -9 mid-stream, and a database outage bridged by the spool."""
+"""Reliability, end to end: kill -9 mid-stream, and a database outage bridged by the spool.
+
+`TcpCut` lives in tests/gateway/relay.py; it is imported here too for the tests that import it from here."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from sqlalchemy.engine import make_url
 
+from tests._polling import wait_until
 from tests.gateway import processes
 from tests.gateway.processes import Process
+from tests.gateway.relay import RelayedGateway, TcpCut  # noqa: F401 - TcpCut: still importable from here
 from tests.gateway.test_e2e import MODEL, ledger_events, sdk
 from usage_ledger.ledger.events import CallFinished, CallStarted
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def slow_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    # real-time speed: a flood of chunks would only measure an overloaded CPU
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=1).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
+# real-time speed for the shared `emulator` fixture (tests/conftest.py): a flood of chunks would only measure an
+# overloaded CPU
+EMULATOR_SPEED = 1
 
 
 async def verify(db_url: str) -> subprocess.CompletedProcess[str]:
@@ -37,9 +32,9 @@ async def verify(db_url: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_url: str, tmp_path: Path) -> None:
+async def test_kill_9_during_concurrent_streams(emulator: Process, backend_url: str, tmp_path: Path) -> None:
     processes.upgrade(backend_url)
-    gw = processes.gateway(tmp_path, slow_emulator.url, backend_url).start()  # type: ignore[attr-defined]
+    gw = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
     client = sdk(gw.url)  # type: ignore[attr-defined]
     done = [
         await client.chat.completions.create(
@@ -61,11 +56,12 @@ async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_
             progress[i] += 1
 
     tasks = [asyncio.create_task(stream(i)) for i in range(14)]
-    for _ in range(300):  # wait until every stream flows and its call.started is committed
+
+    async def flowing() -> bool:  # every stream flows and its call.started is committed
         started = [e for e in await ledger_events(backend_url) if isinstance(e, CallStarted)]
-        if len(started) == 17 and min(progress) >= 3:
-            break
-        await asyncio.sleep(0.1)
+        return len(started) == 17 and min(progress) >= 3
+
+    await wait_until(flowing, every_s=0.1, what="17 calls started, every stream flowing")
     gw.kill()  # SIGKILL mid-stream: no shutdown, no flush
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert all(isinstance(r, openai.APIError | httpx.HTTPError) for r in results), results
@@ -80,7 +76,7 @@ async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_
     assert {c.id.removeprefix("chatcmpl-") for c in done} == {e.upstream_request_id for e in finished}
     assert (await verify(backend_url)).returncode == 0
 
-    again = processes.gateway(tmp_path, slow_emulator.url, backend_url, port=gw.port).start()  # type: ignore[attr-defined]
+    again = processes.gateway(tmp_path, emulator.url, backend_url, port=gw.port).start()  # type: ignore[attr-defined]
     try:
         client = sdk(again.url)  # type: ignore[attr-defined]
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "after"}], max_tokens=2)
@@ -91,54 +87,8 @@ async def test_kill_9_during_concurrent_streams(slow_emulator: Process, backend_
     assert len([e for e in await ledger_events(backend_url) if isinstance(e, CallFinished)]) == 4
 
 
-class TcpCut:
-    """A TCP relay to PostgreSQL that the test can cut (drop every connection, refuse new ones) and restore."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.server: asyncio.Server | None = None
-        self.port = processes.free_port()
-        self.writers: set[asyncio.StreamWriter] = set()
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
-
-    async def cut(self) -> None:
-        assert self.server is not None
-        self.server.close()
-        for writer in list(self.writers):
-            writer.transport.abort()
-        self.writers.clear()
-        await self.server.wait_closed()
-        self.server = None
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.transport.abort()
-            return
-        self.writers |= {writer, up_writer}
-
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(OSError, ConnectionError):
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            dst.transport.abort()
-
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-        self.writers -= {writer, up_writer}
-
-
-async def test_database_outage_spools_and_replays(slow_emulator: Process, fresh_pg_url: str, tmp_path: Path) -> None:
-    processes.upgrade(fresh_pg_url)
-    parsed = make_url(fresh_pg_url)
-    relay = TcpCut(parsed.host or "127.0.0.1", parsed.port or 5432)
-    await relay.start()
-    via_relay = parsed.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-    gw = processes.gateway(tmp_path, slow_emulator.url, via_relay)  # type: ignore[attr-defined]
-    await asyncio.to_thread(gw.start)  # the relay runs on this loop: do not block it
+async def test_database_outage_spools_and_replays(relayed_gateway: RelayedGateway, fresh_pg_url: str) -> None:
+    gw, relay = relayed_gateway.gateway, relayed_gateway.relay
     client = sdk(gw.url)  # type: ignore[attr-defined]
     health_url = gw.url + "/_ledger/health"  # type: ignore[attr-defined]
 
@@ -171,8 +121,6 @@ async def test_database_outage_spools_and_replays(slow_emulator: Process, fresh_
             assert not (await http.get(health_url)).json()["spooling"]
     finally:
         await client.close()
-        await asyncio.to_thread(gw.stop)
-        await relay.cut()
 
     events = await ledger_events(fresh_pg_url)
     finished = [e for e in events if isinstance(e, CallFinished)]

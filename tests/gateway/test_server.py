@@ -9,11 +9,8 @@ import contextlib
 import json
 from pathlib import Path
 
-import httpx
-
-from tests.gateway.conftest import make_settings
-from tests.gateway.live import echo_gateway, live_gateway, serving
-from tests.gateway.upstream import FakeUpstream
+from tests.gateway.conftest import make_settings, rigged
+from tests.gateway.live import echo_gateway, live_gateway
 from tests.gateway.wire import read_response
 from usage_ledger.gateway.limits import MAX_HEAD_BYTES
 from usage_ledger.ledger.db import Database
@@ -231,12 +228,8 @@ async def test_a_client_that_leaves_cancels_the_upstream_request(database: Datab
 async def test_gateway_app_admin_and_proxy_through_the_server(database: Database, tmp_path: Path) -> None:
     """The real app: /_ledger/ to Litestar (token, metrics, OpenAPI), the rest proxied."""
     settings = make_settings(admin_token="s3cret")
-    async with (
-        serving(FakeUpstream()) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as http,
-    ):
+    async with rigged(database, settings, tmp_path / "spool") as rig:
+        http = rig.client
         call = await http.post("/v1/chat/completions", content=b'{"model":"m","messages":[],"max_tokens":2}')
         assert call.status_code == 200 and call.json()["usage"]["completion_tokens"] == 2
         call_id = call.headers["x-ledger-call-id"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._polling import wait_until
 from tests.gateway.conftest import make_settings
 from tests.gateway.live import echo_gateway
 from tests.gateway.test_server import close, post
@@ -89,8 +90,7 @@ async def test_an_idle_keep_alive_connection_is_closed_after_its_limit(database:
         status, _, _ = await asyncio.wait_for(read_response(reader), 10)
         assert status == 200
         assert await asyncio.wait_for(reader.read(), 10) == b""  # closed without an answer: it asked nothing
-        await asyncio.sleep(0.05)
-        assert gw.live.server.connections == 0
+        await wait_until(lambda: gw.live.server.connections == 0, what="the closed connection let go")
         await close(writer)
         reader, writer = await _connect(gw.port)  # a new connection that never sends: closed too
         assert await asyncio.wait_for(reader.read(), 10) == b""
@@ -117,7 +117,8 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(database
     settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_connections": 1})
     async with echo_gateway(settings, database, tmp_path) as gw:
         busy = await _connect(gw.port, post("/v1/x", b"0123456789")[:-5])
-        await asyncio.sleep(0.1)
+        budget = gw.live.app.proxy.request_bytes
+        await wait_until(lambda: budget.held == 5, what="the busy connection's head read, its body begun")
         reader, writer = await _connect(gw.port, post("/v1/x", b"refused"))
         status, headers, error = await _error(reader)
         assert status == 503 and headers["connection"] == "close" and error["code"] == "gateway_busy"
@@ -134,10 +135,7 @@ async def test_request_bodies_over_the_shared_budget_get_503_and_the_budget_come
     async with echo_gateway(settings, database, tmp_path) as gw:
         budget = gw.live.app.proxy.request_bytes
         holding = await _connect(gw.port, post("/v1/x", b"a" * 2000)[:-1200])  # 800 bytes held, stalled
-        for _ in range(100):
-            if budget.held == 800:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(lambda: budget.held == 800, what="800 bytes held")
         reader, writer = await _connect(gw.port, post("/v1/x", b"b" * 500))
         status, _, error = await _error(reader)
         assert status == 503 and "LEDGER_MAX_REQUEST_BYTES_IN_FLIGHT" in error["message"]

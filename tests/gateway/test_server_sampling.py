@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +18,10 @@ import pytest
 from tests.gateway import processes
 from tests.gateway.processes import LEDGER, Process
 
+EMULATOR_SPEED = 50  # the shared `emulator` and `gateway` fixtures (tests/conftest.py)
+GATEWAY_ENV = {"LEDGER_SERVER_SAMPLE_S": "2"}
+
 MODEL = "emulator-moe"
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=50).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def gateway(emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
-    processes.upgrade(backend_url)
-    proc = processes.gateway(tmp_path, emulator.url, backend_url, env={"LEDGER_SERVER_SAMPLE_S": "2"}).start()  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 async def _calls(url: str, count: int, *, run: str | None, max_tokens: int = 24) -> None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -48,3 +51,23 @@ def head_of(url: str) -> int:
             await database.dispose()
 
     return asyncio.run(run())
+
+
+@contextlib.asynccontextmanager
+async def migrated(url: str) -> AsyncIterator[Database]:
+    """The ledger at `url`, migrated, open (no pool: each test's own connections) until the block ends."""
+    database = open_database(url, null_pool=True)
+    try:
+        await upgrade_database(database)
+        yield database
+    finally:
+        await database.dispose()
+
+
+async def build_ledger(url: str, *fill: Callable[[Database], Awaitable[object]]) -> str:
+    """Migrate the ledger at `url` and run each of `fill` on it (a seed), for code under test that opens the
+    database itself (the CLI, a server process); returns `url`."""
+    async with migrated(url) as database:
+        for step in fill:
+            await step(database)
+    return url

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from sqlalchemy import inspect
 
 from usage_ledger.cli import main
@@ -18,12 +16,6 @@ from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.migrate import head_revision, revision_history
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import pytest
 from sqlalchemy import func, select, text
 
-from tests.ledger.helpers import call_events
+from tests.ledger.helpers import call_events, migrated
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob
-from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.events import CallStarted, new_event
 from usage_ledger.ledger.migrate import downgrade_database, upgrade_database
@@ -52,12 +52,8 @@ APPENDER = textwrap.dedent(
 
 @pytest.fixture
 async def pg_database(fresh_pg_url: str) -> AsyncIterator[Database]:
-    db = open_database(fresh_pg_url, null_pool=True)
-    await upgrade_database(db)
-    try:
+    async with migrated(fresh_pg_url) as db:
         yield db
-    finally:
-        await db.dispose()
 
 
 async def _head(database: Database) -> tuple[int, str]:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
-import structlog
 
 from tests.ledger.helpers import call_events, head_of
 from usage_ledger.cli import main
@@ -16,12 +14,6 @@ from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import BlobNotFound
 
 _BODY = b'{"messages": [{"role": "user", "content": "a secret prompt that must go"}]}' * 3
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 def _body_gone(url: str, digest: str) -> bool:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import usage_ledger.ledger.sqlite_append as sqlite_append
+from tests._polling import wait_until
 from tests.ledger.helpers import call_events
 from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import iter_events
@@ -60,35 +64,54 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
+@dataclass
+class _LongWal:
+    database: Database
+    wal: Path
+    reader: sqlite3.Connection
+    """In a transaction since before the appends: no checkpoint gets past its snapshot until it commits."""
+    checkpoints_done: Callable[[], Awaitable[None]]
+    """Until the checkpoint thread has run what was asked of it."""
+
+
+@contextlib.asynccontextmanager
+async def _long_wal(tmp_path: Path) -> AsyncIterator[_LongWal]:
+    """A SQLite ledger whose WAL grew past a reader: 400 calls appended, in batches of 50, while it held its snapshot."""
+    path = tmp_path / "l.db"
+    database = open_database(f"sqlite:///{path}")
+    await upgrade_database(database)
+    appender = database.sqlite_appender
+    assert appender is not None and appender._checkpointer is not None
+    checkpointer = appender._checkpointer
+
+    async def checkpoints_done() -> None:
+        await checkpointer._call(lambda: None)
+
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM ledger_events").fetchone()
+        for start in range(0, 400, 50):
+            await append_events(database, [e for i in range(start, start + 50) for e in call_events(i)])
+        await checkpoints_done()
+        yield _LongWal(database, Path(f"{path}-wal"), reader, checkpoints_done)
+    finally:
+        reader.close()
+        await database.dispose()
+
+
 async def test_a_long_wal_is_emptied_once_readers_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """PASSIVE checkpoints alone left the WAL file at its longest: 26 MiB beside a 7 MiB database filled
     the full-disk test's 32 MiB disk again once the spool replayed into it."""
     monkeypatch.setattr(sqlite_append, "_CHECKPOINT_BYTES", 1)  # a checkpoint after every commit
     monkeypatch.setattr(sqlite_append, "_WAL_RESTART_BYTES", 64 << 10)
-    path = tmp_path / "l.db"
-    wal = Path(f"{path}-wal")
-    database = open_database(f"sqlite:///{path}")
-    await upgrade_database(database)
-    appender = database.sqlite_appender
-    assert appender is not None and appender._checkpointer is not None
-    reader = sqlite3.connect(path, isolation_level=None)
-    try:
-        reader.execute("BEGIN")
-        reader.execute(
-            "SELECT count(*) FROM ledger_events"
-        ).fetchone()  # holds its snapshot: no checkpoint gets past it
-        for start in range(0, 400, 50):
-            await append_events(database, [e for i in range(start, start + 50) for e in call_events(i)])
-        await appender._checkpointer._call(lambda: None)
-        assert _size(wal) > 256 << 10
-        reader.execute("COMMIT")
-        await append_events(database, call_events(400))  # asks for a checkpoint with nothing in the way
-        await appender._checkpointer._call(lambda: None)
-        assert _size(wal) < 64 << 10
-        assert (await verify_chain(database)).checked == 802
-    finally:
-        reader.close()
-        await database.dispose()
+    async with _long_wal(tmp_path) as long:
+        assert _size(long.wal) > 256 << 10
+        long.reader.execute("COMMIT")
+        await append_events(long.database, call_events(400))  # asks for a checkpoint with nothing in the way
+        await long.checkpoints_done()
+        assert _size(long.wal) < 64 << 10
+        assert (await verify_chain(long.database)).checked == 802
 
 
 async def test_the_wal_is_cut_back_whenever_it_starts_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,28 +120,13 @@ async def test_the_wal_is_cut_back_whenever_it_starts_over(tmp_path: Path, monke
     monkeypatch.setattr(sqlite_append, "_CHECKPOINT_BYTES", 1)
     monkeypatch.setattr(sqlite_append, "_WAL_RESTART_BYTES", 1 << 40)  # never TRUNCATE
     monkeypatch.setattr(sqlite_append, "_WAL_KEPT_BYTES", 128 << 10)
-    path = tmp_path / "l.db"
-    wal = Path(f"{path}-wal")
-    database = open_database(f"sqlite:///{path}")
-    await upgrade_database(database)
-    appender = database.sqlite_appender
-    assert appender is not None and appender._checkpointer is not None
-    reader = sqlite3.connect(path, isolation_level=None)
-    try:
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM ledger_events").fetchone()
-        for start in range(0, 400, 50):
-            await append_events(database, [e for i in range(start, start + 50) for e in call_events(i)])
-        await appender._checkpointer._call(lambda: None)
-        assert _size(wal) > 512 << 10
-        reader.execute("COMMIT")
-        await append_events(database, call_events(400))  # checkpointed whole, with no reader in the way
-        await appender._checkpointer._call(lambda: None)
-        await append_events(database, call_events(401))  # starts the WAL over: cut back to the limit
-        assert _size(wal) <= 128 << 10
-    finally:
-        reader.close()
-        await database.dispose()
+    async with _long_wal(tmp_path) as long:
+        assert _size(long.wal) > 512 << 10
+        long.reader.execute("COMMIT")
+        await append_events(long.database, call_events(400))  # checkpointed whole, with no reader in the way
+        await long.checkpoints_done()
+        await append_events(long.database, call_events(401))  # starts the WAL over: cut back to the limit
+        assert _size(long.wal) <= 128 << 10
 
 
 async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_pages(tmp_path: Path) -> None:
@@ -204,16 +212,17 @@ async def test_the_appender_thread_outlives_a_cancelled_caller_and_refuses_work_
     await upgrade_database(database)
     appender = database.sqlite_appender
     assert appender is not None
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
 
     def slow(conn: sqlite3.Connection) -> int:
+        started.set()
         release.wait(5)
         conn.execute("CREATE TABLE finished_anyway (x)")
         return 1
 
     try:
         waiting = asyncio.ensure_future(appender.transaction(slow))
-        await asyncio.sleep(0.05)  # the work has started on the thread
+        await wait_until(started.is_set, what="the work started on the thread")
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

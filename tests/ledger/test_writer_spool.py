@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 from pathlib import Path
@@ -11,6 +10,7 @@ import httpx
 import pytest
 from structlog.testing import capture_logs
 
+from tests._polling import wait_until
 from tests.ledger.helpers import call_events
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.metrics import Metrics
@@ -48,11 +48,7 @@ async def test_the_spool_is_replayed_on_a_timer_without_traffic(database: Databa
         assert health["status"] == "degraded" and health["spooling"]
         assert "spool cannot be replayed yet: database unavailable" in str(health["reasons"])
         writer.database = database  # the database is back; nothing more is sent
-        for _ in range(100):  # up to 5 s
-            if not writer.spooling:
-                break
-            await asyncio.sleep(0.05)
-        assert not writer.spooling, "the spool was not replayed without traffic"
+        await wait_until(lambda: not writer.spooling, timeout_s=5, what="the spool replayed without traffic")
         assert await _stored_ids(database) == [str(e.event_id) for b in batches for e in b]
         assert spool.size_bytes == 0
         assert (await _health(writer, database))["status"] == "ok"
@@ -67,7 +63,9 @@ async def test_the_outage_is_logged_at_warning_once_and_retried_on_the_timer(
     with capture_logs() as logs:
         async with EventWriter(down, Spool(tmp_path / "spool"), retry_interval_s=0.05) as writer:
             await writer.append(call_events(1))
-            await asyncio.sleep(0.5)  # several timer retries
+            await wait_until(  # several timer retries
+                lambda: sum(e["event"] == "spool_replay_deferred" for e in logs) >= 3, what="three retries"
+            )
             writer.database = database
     await down.dispose()
     warnings = [e for e in logs if e["log_level"] == "warning"]

@@ -16,14 +16,13 @@ import json
 import random
 import re
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
-import structlog
 
 from tests.gateway import processes
 from tests.gateway.processes import Process
@@ -40,6 +39,8 @@ from usage_ledger.projections.agreement_stats import default_scale
 from usage_ledger.projections.agreement_text import regex_extractor
 from usage_ledger.projections.callviews import get_call
 from usage_ledger.projections.errors import NotFound
+
+EMULATOR_SPEED = 50  # the shared `emulator` fixture (tests/conftest.py)
 
 # --- bodies that are not there: imported, redacted, omitted (events built directly, both backends) -------
 
@@ -154,31 +155,6 @@ def _prompt(ticker: str, grade: str) -> str:
     return (
         f"Ticker {ticker}. Grade: {grade}\n```json\n" + json.dumps({"grade": grade, "score": SCORE[grade]}) + "\n```\n"
     )
-
-
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=50).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture
-def gateway(emulator: Process, backend_url: str, tmp_path: Path) -> Iterator[Process]:
-    processes.upgrade(backend_url)
-    proc = processes.gateway(tmp_path, emulator.url, backend_url).start()  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 async def _completion(client: httpx.AsyncClient, run: str, ticker: str, grade: str, *, stream: bool, step: str) -> str:

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
-import structlog
 
 from tests.ledger.helpers import head_of
 from tests.projections.helpers import finished, started
 from usage_ledger.cli import main
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import open_database
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from tests.projections.seed import MOE, seed_rows, write_jsonl
 from usage_ledger.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    """The CLI configures structlog for the process (bound to the captured stderr); undo it."""
-    yield
-    structlog.reset_defaults()
 
 
 def test_cli_import_report_rebuild_export(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

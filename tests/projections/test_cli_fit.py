@@ -15,26 +15,17 @@ import pty
 import struct
 import subprocess
 import termios
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from rich.cells import cell_len
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import AUTO_1, LONG_RUN, seed_fit_ledger
 from tests.projections.test_terminal import LEDGER
 from usage_ledger.cli import main
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 
 WIDTH = 100
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)
@@ -44,17 +35,7 @@ def _terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _ledger(url: str, **seed: bool) -> str:
     """Migrate and seed the ledger at `url` (the CLI runs its own event loop, so the tests are sync)."""
-
-    async def build() -> None:
-        database = open_database(url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await seed_fit_ledger(database, **seed)
-        finally:
-            await database.dispose()
-
-    asyncio.run(build())
-    return url
+    return asyncio.run(build_ledger(url, lambda database: seed_fit_ledger(database, **seed)))
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str], str]:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-from collections.abc import Iterator
 
 import msgspec
 import pytest
-import structlog
 from rich.cells import cell_len
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import LONG_RUN, seed_fit_ledger
 from tests.projections.helpers import finished, started
 from tests.projections.test_terminal import LEDGER
@@ -24,16 +23,9 @@ from usage_ledger.commands.bodies import MAX_LINES
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash
 from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.projections.engine import catch_up_all
 
 WIDTH = 100
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 @pytest.fixture(autouse=True)
@@ -42,16 +34,7 @@ def _terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _ledger(url: str) -> str:
-    async def build() -> None:
-        database = open_database(url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await seed_fit_ledger(database, long_run=True)
-        finally:
-            await database.dispose()
-
-    asyncio.run(build())
-    return url
+    return asyncio.run(build_ledger(url, lambda database: seed_fit_ledger(database, long_run=True)))
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[str]]:

@@ -7,10 +7,10 @@ The ledger is recorded by `ledger serve` in front of the emulator (both backends
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import statistics
 import subprocess
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests._polling import wait_until
 from tests.gateway import processes
 from tests.gateway.processes import LEDGER, Process
 from tests.projections.helpers import finished, started
@@ -29,12 +30,14 @@ from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob, redact_blob
 from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
 from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.events import BlobRedacted, CallFinished, CallStarted, NewEvent, new_event
+from usage_ledger.ledger.events import BlobRedacted, CallFinished, CallStarted, NewEvent, ServerSampled, new_event
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.projections.compare import Comparison, compare_runs, render_comparison
 from usage_ledger.projections.compare_latency import Latency, Sample
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.projections.importer import import_file
+
+EMULATOR_SPEED = 2  # the shared `emulator` fixture (tests/conftest.py)
 
 MODEL = "emulator-moe"
 PERCENTILES = (50, 90, 99)
@@ -59,15 +62,6 @@ def test_an_empty_sample_has_no_percentile() -> None:
 # -- a ledger recorded through the gateway --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    proc = processes.emulator(tmp_path_factory.mktemp("emu"), speed=2).start()
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
 RUNS = {  # run: (calls, concurrency, max_tokens, temperature)
     "alpha": (8, 4, 40, 0.8),
     "beta": (6, 2, 30, 0.6),
@@ -75,8 +69,19 @@ RUNS = {  # run: (calls, concurrency, max_tokens, temperature)
 }
 
 
-async def _record(url: str) -> None:
-    """Each run's calls (every fourth not streamed), `concurrency` at a time, two calls per ticker."""
+async def _run_ended(db_url: str, run: str) -> bool:
+    """Whether the gateway took `run`'s closing server sample (once none of its calls was in flight for a while)."""
+    database = open_database(db_url, null_pool=True)
+    try:
+        bodies = [stored.body() async for stored in iter_events(database)]
+    finally:
+        await database.dispose()
+    return any(isinstance(b, ServerSampled) and b.trigger == "run_end" and b.run == run for b in bodies)
+
+
+async def _record(url: str, db_url: str) -> None:
+    """Each run's calls (every fourth not streamed), `concurrency` at a time, two calls per ticker; the next run
+    starts once the last one has its closing server sample."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         for run, (count, concurrency, max_tokens, temperature) in RUNS.items():
             gate = asyncio.Semaphore(concurrency)
@@ -104,7 +109,7 @@ async def _record(url: str) -> None:
                     await reply.aread()
 
             await asyncio.gather(*(one(i) for i in range(count)))
-            await asyncio.sleep(1.5)  # idle: the gateway samples the server at the run's end
+            await wait_until(functools.partial(_run_ended, db_url, run), every_s=0.1, what=f"{run}'s closing sample")
 
 
 class Call:
@@ -207,7 +212,7 @@ async def test_runs_recorded_through_the_gateway(emulator: Process, backend_url:
     gateway = processes.gateway(tmp_path, emulator.url, backend_url, env={"LEDGER_SERVER_SAMPLE_S": "1"})  # type: ignore[attr-defined]
     gateway.start()
     try:
-        await _record(gateway.url)  # type: ignore[attr-defined]
+        await _record(gateway.url, backend_url)  # type: ignore[attr-defined]
     finally:
         gateway.stop()
     database = open_database(backend_url, null_pool=True)

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import msgspec
 
-from tests.gateway.conftest import make_settings
-from tests.gateway.live import live_gateway, serving
-from tests.gateway.upstream import FakeUpstream
+from tests.gateway.conftest import make_settings, rigged
 from tests.projections.decide_trace import (
     DENSE,
     MOE,
@@ -21,8 +18,6 @@ from tests.projections.decide_trace import (
     write_returns,
 )
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.api import build_api_routers
 from usage_ledger.projections.decide import decide
 from usage_ledger.projections.engine import catch_up_all
@@ -38,18 +33,9 @@ async def test_decide_api(database: Database, tmp_path: Path) -> None:
     expected = msgspec.json.decode(msgspec.json.encode(await decide(database, MOE, DENSE, ",".join(SCALE))))
     settings = make_settings(admin_token="s3cret")
     query = {"a": ",".join(MOE), "b": ",".join(DENSE), "scale": ",".join(SCALE)}
-    async with (
-        serving(FakeUpstream()) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(
-            settings,
-            database=database,
-            writer=writer,
-            upstream=upstream_url,
-            api_routers=build_api_routers(database, admin_token="s3cret"),
-        ) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
-    ):
+    api_routers = build_api_routers(database, admin_token="s3cret")
+    async with rigged(database, settings, tmp_path / "spool", api_routers=api_routers) as rig:
+        client = rig.client
         auth = {"authorization": "Bearer s3cret"}
         assert (await client.get("/_ledger/api/decide", params=query)).status_code == 401
         answer = await client.get("/_ledger/api/decide", params=query, headers=auth)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
-import structlog
 
 from tests.projections.decide_trace import (
     DENSE,
@@ -27,12 +25,6 @@ from usage_ledger.ledger.db import open_database
 from usage_ledger.projections.decide import decide
 
 SCALE_TEXT = ",".join(SCALE)
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
 
 
 def _ledger(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

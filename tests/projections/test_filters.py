@@ -4,40 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-import structlog
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import AUTO_1, AUTO_2, seed_fit_ledger
 from usage_ledger.cli import main
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.projections.filters import InvalidFilter, parse_filter, parse_time
 
 SEOUL = ZoneInfo("Asia/Seoul")
 
 
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()
-
-
 @pytest.fixture
 def db(backend_url: str) -> str:
-    async def build() -> None:
-        database = open_database(backend_url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await seed_fit_ledger(database)
-        finally:
-            await database.dispose()
-
-    asyncio.run(build())
-    return backend_url
+    return asyncio.run(build_ledger(backend_url, seed_fit_ledger))
 
 
 def _json(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, object]]:

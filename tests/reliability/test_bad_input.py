@@ -19,14 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.live import live_gateway, serving
+from tests.gateway.conftest import rigged
+from tests.gateway.upstream import read_body
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.importer import parse_file
 
 # -- X-Ledger-* headers ---------------------------------------------------------------------------
@@ -122,13 +121,7 @@ class Capture:
         self.bodies: list[bytes] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
-        self.bodies.append(body)
+        self.bodies.append(await read_body(receive))
         answer = b'{"error":{"message":"bad body","type":"BadRequestError","param":null,"code":400}}'
         await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": answer})
@@ -141,13 +134,8 @@ LIMIT = 4096
 async def gateway(database: Database, tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Capture]]:
     capture = Capture()
     settings = GatewaySettings(max_body_bytes=LIMIT)
-    async with (
-        serving(capture) as upstream_url,
-        EventWriter(database, Spool(tmp_path / "spool")) as writer,
-        live_gateway(settings, database=database, writer=writer, upstream=upstream_url) as gateway,
-        httpx.AsyncClient(base_url=gateway.url, trust_env=False) as client,
-    ):
-        yield client, capture
+    async with rigged(database, settings, tmp_path / "spool", upstream=capture) as rig:
+        yield rig.client, capture
 
 
 BAD_BODIES = [

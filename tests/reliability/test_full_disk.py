@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests._polling import wait_until
+from tests._required import required
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.reliability.helpers import Outcome, chat_body, raw_call, read_ledger, tmpfs, verify_fast
@@ -26,6 +28,7 @@ from tests.reliability.helpers import Outcome, chat_body, raw_call, read_ledger,
 pytestmark = pytest.mark.slow
 
 CLIENTS = 8
+FULL_CALLS = 200  # made while the disk is full
 
 
 async def _load(url: str, stop: asyncio.Event, outcomes: list[Outcome]) -> None:
@@ -50,13 +53,18 @@ async def _wait_until_drained(url: str, seconds: float) -> dict[str, object]:
             await asyncio.sleep(0.2)
 
 
+def _refused(outcome: Outcome) -> bool:
+    """Cut before the last bytes, or a 503 `ledger_unavailable` when even the start was durable nowhere."""
+    return outcome.error is not None or not outcome.complete or outcome.status == 503
+
+
 def _sizes(*directories: Path) -> dict[str, int]:
     return {str(p): p.stat().st_size for d in directories for p in d.iterdir()}
 
 
 @pytest.mark.parametrize("spool_on", ["the same disk", "another disk"])
 async def test_a_full_disk_never_completes_an_unrecorded_call(emulator: Process, tmp_path: Path, spool_on: str) -> None:
-    with tmpfs(tmp_path / "disk", "32m") as disk:
+    with required(), tmpfs(tmp_path / "disk", "32m") as disk:
         db_url = f"sqlite:///{disk / 'ledger.db'}"
         processes.upgrade(db_url)
         spool = disk / "spool" if spool_on == "the same disk" else tmp_path / "spool"
@@ -67,16 +75,24 @@ async def test_a_full_disk_never_completes_an_unrecorded_call(emulator: Process,
         stop = asyncio.Event()
         try:
             load = asyncio.create_task(_load(url, stop, outcomes))
-            await asyncio.sleep(2)
+            await wait_until(lambda: len(outcomes) >= 2 * CLIENTS, what="calls answered before the disk fills")
             before_full = len(outcomes)
             filler = disk / "filler"
             dd = ["dd", "if=/dev/zero", f"of={filler}", "bs=64k"]  # until ENOSPC
             await asyncio.to_thread(subprocess.run, dd, capture_output=True, check=False)
             full_at = len(outcomes)
-            await asyncio.sleep(4)
+
+            def full_long_enough() -> bool:
+                made = outcomes[full_at:]
+                # enough calls to catch one completed unrecorded (the disk was full 4 s before, ≈ 900 calls on a quiet
+                # box); spool on the same disk, until a call was refused too: the database and the spool both full
+                return len(made) >= FULL_CALLS and (spool_on == "another disk" or any(map(_refused, made)))
+
+            await wait_until(full_long_enough, what="calls made while the disk was full")
             while_full = len(outcomes) - full_at
             filler.unlink()  # room again: the writer's timer replays what it could spool
-            await asyncio.sleep(1)
+            room_at = len(outcomes)
+            await wait_until(lambda: len(outcomes) >= room_at + CLIENTS, what="calls made with room again")
             stop.set()
             await load
             health = await _wait_until_drained(url, 20)
@@ -88,8 +104,7 @@ async def test_a_full_disk_never_completes_an_unrecorded_call(emulator: Process,
         await verify_fast(db_url)
 
     complete = [o for o in outcomes if o.status == 200 and o.complete and o.error is None]
-    # refused: cut before the last bytes, or a 503 `ledger_unavailable` when even the start was durable nowhere
-    refused = [o for o in outcomes if o.error is not None or not o.complete or o.status == 503]
+    refused = [o for o in outcomes if _refused(o)]
     unrecorded = [o.call_id for o in complete if o.call_id not in ledger.finished]
     assert before_full > 0 and while_full > 0, (before_full, while_full)
     assert unrecorded == []  # before the fix: 75 of 202 here

@@ -3,7 +3,7 @@
 - A spool with a damaged record in the middle: the gateway starts anyway, replays the good
   records on both sides of it, quarantines the damaged bytes and says `degraded` until they are moved.
 - A spool on a 1 MiB tmpfs that fills up: every write either lands whole or is cut back and
-  raised; the file always scans clean (skipped where `mount -t tmpfs` is not permitted).
+  raised; the file always scans clean (skipped where `mount -t tmpfs` is not permitted; a failure in CI).
 - PostgreSQL behind `TcpCut`: calls spooled during a cut reach the database after it returns
   with no further request (the writer replays on its retry timer).
 """
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy.engine import make_url
 
+from tests._required import required
 from tests.gateway import processes
 from tests.gateway.processes import Process
-from tests.gateway.test_faults import TcpCut
+from tests.gateway.relay import RelayedGateway
 from tests.ledger.helpers import call_events
 from tests.reliability.helpers import chat_body, raw_call, read_ledger, tmpfs, verify_fast
 from usage_ledger.ledger.db import open_database
@@ -74,7 +74,7 @@ async def test_serve_starts_on_a_damaged_spool_and_recovers_around_it(
 
 
 def test_a_full_disk_never_leaves_a_torn_record(tmp_path: Path) -> None:
-    with tmpfs(tmp_path / "small", "1m") as small:
+    with required(), tmpfs(tmp_path / "small", "1m") as small:
         kept: list[SpoolRecord] = []
         failures = 0
         with Spool(small) as spool:
@@ -99,44 +99,33 @@ def test_a_full_disk_never_leaves_a_torn_record(tmp_path: Path) -> None:
 
 
 async def test_spool_replays_with_no_traffic_after_an_outage(
-    emulator: Process, fresh_pg_url: str, tmp_path: Path
+    relayed_gateway: RelayedGateway, fresh_pg_url: str
 ) -> None:
-    processes.upgrade(fresh_pg_url)
-    parsed = make_url(fresh_pg_url)
-    relay = TcpCut(parsed.host or "127.0.0.1", parsed.port or 5432)
-    await relay.start()
-    via_relay = parsed.set(host="127.0.0.1", port=relay.port).render_as_string(hide_password=False)
-    gw = processes.gateway(tmp_path, emulator.url, via_relay)  # type: ignore[attr-defined]
-    await asyncio.to_thread(gw.start)
-    url: str = gw.url  # type: ignore[attr-defined]
-    try:
-        async with httpx.AsyncClient(timeout=30) as http:
-            before = [await raw_call(http, url, chat_body(f"before {i}", max_tokens=4, stream=False)) for i in range(3)]
-            await relay.cut()
-            during = [
-                await raw_call(http, url, chat_body(f"during {i}", max_tokens=4, stream=i % 2 == 0)) for i in range(5)
-            ]
+    relay = relayed_gateway.relay
+    url: str = relayed_gateway.gateway.url  # type: ignore[attr-defined]
+    async with httpx.AsyncClient(timeout=30) as http:
+        before = [await raw_call(http, url, chat_body(f"before {i}", max_tokens=4, stream=False)) for i in range(3)]
+        await relay.cut()
+        during = [
+            await raw_call(http, url, chat_body(f"during {i}", max_tokens=4, stream=i % 2 == 0)) for i in range(5)
+        ]
+        health = (await http.get(url + "/_ledger/health")).json()
+        assert health["spooling"] and health["status"] == "degraded", health
+        assert any("database unavailable" in r for r in health["reasons"]), health
+        await relay.start()
+        returned = time.monotonic()
+        while time.monotonic() - returned < 10:  # no request but health from here on
             health = (await http.get(url + "/_ledger/health")).json()
-            assert health["spooling"] and health["status"] == "degraded", health
-            assert any("database unavailable" in r for r in health["reasons"]), health
-            await relay.start()
-            returned = time.monotonic()
-            while time.monotonic() - returned < 10:  # no request but health from here on
-                health = (await http.get(url + "/_ledger/health")).json()
-                if not health["spooling"]:
-                    break
-                await asyncio.sleep(0.1)
-            drained_s = time.monotonic() - returned
-            assert not health["spooling"] and health["spool_bytes"] == 0, health
-            assert health["status"] == "ok", health
-            ledger = await read_ledger(fresh_pg_url)
-            ids = [o.call_id for o in before + during]
-            assert all(o.complete and o.status == 200 for o in before + during)
-            assert set(ids) == set(ledger.finished) == set(ledger.started)
-    finally:
-        await asyncio.to_thread(gw.stop)
-        if relay.server is not None:
-            await relay.cut()
+            if not health["spooling"]:
+                break
+            await asyncio.sleep(0.1)
+        drained_s = time.monotonic() - returned
+        assert not health["spooling"] and health["spool_bytes"] == 0, health
+        assert health["status"] == "ok", health
+        ledger = await read_ledger(fresh_pg_url)
+        ids = [o.call_id for o in before + during]
+        assert all(o.complete and o.status == 200 for o in before + during)
+        assert set(ids) == set(ledger.finished) == set(ledger.started)
     await verify_fast(fresh_pg_url)
     print(
         f"\nSPOOL replay without traffic: {len(during)} calls spooled, in the database {drained_s:.2f} s after it returned"

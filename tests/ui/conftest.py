@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ledger.helpers import build_ledger
 from tests.ui.seed import seed_ledger, seed_wide_ledger
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.migrate import upgrade_database
+from usage_ledger.ledger.db import Database
 
 TOKEN = "s3cret-admin-token"
 CHROMIUM = os.environ.get("LEDGER_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -55,12 +55,7 @@ def seeded_ledger(path: Path, seed: Callable[[Database], Coroutine[Any, Any, Non
     url = f"sqlite:///{path}"
 
     async def build() -> None:
-        database = open_database(url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await seed(database)
-        finally:
-            await database.dispose()
+        await build_ledger(url, seed)
 
     run_async(build)
     return url

@@ -12,11 +12,10 @@ from urllib.parse import urlencode
 import pytest
 from sklearn.metrics import cohen_kappa_score  # type: ignore[import-untyped]
 
+from tests.ledger.helpers import build_ledger
 from tests.projections.decide_trace import DENSE, MOE, SCALE, TICKERS, build_labels
 from tests.ui.conftest import TOKEN, UiServer, run_async, start_ui, stop
 from tests.ui.test_decide_page import decision_ledger
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +24,7 @@ def decide_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
     url = f"sqlite:///{where / 'ledger.db'}"
 
     async def build() -> None:
-        database = open_database(url, null_pool=True)
-        try:
-            await upgrade_database(database)
-            await decision_ledger(database, where)
-        finally:
-            await database.dispose()
+        await build_ledger(url, lambda database: decision_ledger(database, where))
 
     run_async(build)
     process, server = start_ui(url, token=TOKEN)

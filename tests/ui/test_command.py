@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from usage_ledger.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    yield
-    structlog.reset_defaults()  # `ledger ui` configured logging for the process
 
 
 def test_a_missing_sqlite_ledger_is_refused_and_not_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

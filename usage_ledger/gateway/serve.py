@@ -20,7 +20,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,37 +216,42 @@ def _bind(settings: GatewaySettings) -> socket.socket:
 async def _run_server(
     app: GatewayApp, settings: GatewaySettings, storage: StorageSettings, sock: socket.socket
 ) -> None:
-    async with listening(app, settings, sock, grace_s=GRACEFUL_SHUTDOWN_S) as server:
-        await _until_signalled(server, settings, storage, sock)
-
-
-async def _until_signalled(
-    server: GatewayServer, settings: GatewaySettings, storage: StorageSettings, sock: socket.socket
-) -> None:
+    # The handlers go in before the socket answers: an orchestrator that sends SIGTERM as soon as
+    # `/_ledger/health` first answers still gets the graceful stop. They stay until the server has shut
+    # down, so a second signal during the grace period closes the calls in flight at once.
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    server: GatewayServer | None = None
 
     def on_signal() -> None:
-        if stop.is_set():
+        if stop.is_set() and server is not None:
             server.force_close()  # a second signal: do not wait for the calls in flight
         stop.set()
 
+    with _signals_handled(on_signal):
+        async with listening(app, settings, sock, grace_s=GRACEFUL_SHUTDOWN_S) as server:
+            log.info(
+                "gateway_listening",
+                host=settings.host,
+                port=sock.getsockname()[1],
+                upstream=settings.upstream,
+                durability=settings.durability,
+                max_connections=server.limits.max_connections,
+                **_state_paths(settings, storage),
+            )
+            await stop.wait()
+            log.info("gateway_stopping", connections=server.connections)
+
+
+@contextlib.contextmanager
+def _signals_handled(on_signal: Callable[[], None]) -> Iterator[None]:
+    """SIGTERM and SIGINT call `on_signal` in the loop; the handlers found are put back on exit."""
+    loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.getsignal(sig) for sig in signals}
     for sig in signals:
         loop.add_signal_handler(sig, on_signal)
-    log.info(
-        "gateway_listening",
-        host=settings.host,
-        port=sock.getsockname()[1],
-        upstream=settings.upstream,
-        durability=settings.durability,
-        max_connections=server.limits.max_connections,
-        **_state_paths(settings, storage),
-    )
     try:
-        await stop.wait()
-        log.info("gateway_stopping", connections=server.connections)
+        yield
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
