@@ -277,3 +277,8 @@ def test_cli_schema_and_incremental_export(tmp_path: Path, capsys: pytest.Captur
     capsys.readouterr()
     assert main(["export", "--db", db, "--output", str(out), "--since-position", "0"]) == 0
     assert "0 calls written to" in capsys.readouterr().err
+
+
+def test_the_schema_in_the_docs_is_the_printed_one() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "scaling.md").read_text(encoding="utf-8")
+    assert f"```sql\n{clickhouse_schema().rstrip()}\n```" in doc
