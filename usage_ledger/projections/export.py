@@ -1,7 +1,9 @@
 """`ledger export` (calls as JSONL, CSV or Parquet) and `ledger show call|run`.
 
 Export streams calls in start order; memory stays flat (Parquet is written in row groups).
-Parquet needs `pyarrow` (optional: `pip install 'pyarrow>=15'`).
+Parquet needs `pyarrow` (optional: `pip install 'pyarrow>=15'`). `since_position` writes only the calls
+changed after it, and every export says the position to continue from; both formats load into the
+ClickHouse table of `clickhouse_sink`.
 """
 
 from __future__ import annotations
