@@ -21,7 +21,7 @@ $(PRODUCT_STAMP): pyproject.toml
 	touch $(PRODUCT_STAMP)
 
 $(STAMP): $(PRODUCT_STAMP)
-	@echo "make: adding the development toolchain to $(VENV): .[dev] (pytest, ruff, mypy, playwright, scikit-learn, scipy, schemathesis; about 1 GB, several minutes the first time)"
+	@echo "make: adding the development toolchain to $(VENV): .[dev] (pytest, ruff, mypy, playwright, scikit-learn, scipy, schemathesis, chdb; about 1.7 GB, several minutes the first time)"
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -47,6 +47,7 @@ def call(
         decode_tps=None,
         in_flight=1,
         retags=0,
+        last_position=1,
     )
 
 

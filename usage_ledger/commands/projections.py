@@ -165,6 +165,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout; parquet needs a file)")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
     p.add_argument("--tz", help="IANA time zone for --since/--until without an offset (else LEDGER_TZ)")
+    p.add_argument(
+        "--since-position",
+        dest="since_position",
+        type=int,
+        metavar="N",
+        help="only calls changed after position N (the position an earlier export printed)",
+    )
+    p.add_argument(
+        "--clickhouse-schema",
+        action="store_true",
+        help="print the ClickHouse table the export loads into (CREATE TABLE) and exit",
+    )
+    p.add_argument("--table", help="the table --clickhouse-schema names: NAME or DATABASE.NAME (default ledger_calls)")
     _filter_options(p)
     p.set_defaults(func=reports.export_command)
 

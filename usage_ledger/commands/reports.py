@@ -22,6 +22,7 @@ from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.projections.callviews import get_call
+from usage_ledger.projections.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
 from usage_ledger.projections.engine import (
     PROJECTIONS,
     catch_up_all,
@@ -332,12 +333,23 @@ def retag_command(args: argparse.Namespace) -> int:
 
 
 def export_command(args: argparse.Namespace) -> int:
+    if args.clickhouse_schema:
+        try:
+            sys.stdout.write(clickhouse_schema(args.table or DEFAULT_TABLE))
+        except ProjectionError as exc:
+            print(f"ledger: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.table is not None:
+        print("ledger: error: --table names the table of --clickhouse-schema; add that flag", file=sys.stderr)
+        return 2
+
     async def main() -> int:
         settings = _settings(args)
         selected = filters_from_args(args, parse_zone(settings.reports.tz))
         database = await open_checked(settings)
         try:
-            count = await export_calls(
+            done = await export_calls(
                 database,
                 fmt=args.output_format,
                 run=args.run,
@@ -345,11 +357,16 @@ def export_command(args: argparse.Namespace) -> int:
                 stdout=sys.stdout.buffer,
                 run_gap_s=settings.reports.run_gap_s,
                 filters=selected,
+                since_position=args.since_position,
             )
         finally:
             await database.dispose()
-        if args.output:
-            print(f"{count} calls written to {args.output}", file=sys.stderr)
+        where = f" to {args.output}" if args.output else ""
+        print(
+            f"{done.calls} calls written{where}; read model at position {done.position}: "
+            f"the next export of what changed is --since-position {done.position}",
+            file=sys.stderr,
+        )
         return 0
 
     return run_command(main)

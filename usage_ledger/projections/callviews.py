@@ -30,7 +30,7 @@ from usage_ledger.projections.tables import calls
 __all__ = ("calls_page", "get_call", "iter_calls")
 
 _tags = msgspec.json.Decoder(dict[str, str])
-_VIEW_COLUMNS = [c for c in calls.columns if c.name not in ("version", "last_position")]
+_VIEW_COLUMNS = [c for c in calls.columns if c.name != "version"]
 
 
 def _view(row: Any, in_flight: int) -> CallView:
@@ -117,8 +117,10 @@ async def iter_calls(
     run_gap_s: float = 900.0,
     refresh: bool = True,
     filters: CallFilter = NO_FILTER,
+    since_position: int | None = None,
 ) -> AsyncIterator[CallView]:
-    """Every call (or every call of `run`, matching `filters`) in start order, `in_flight` swept over all calls."""
+    """Every call (or every call of `run`, matching `filters`, changed after `since_position`) in start order,
+    `in_flight` swept over all calls."""
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
         query = select(*_VIEW_COLUMNS).where(calls.c.version == version).order_by(calls.c.started_at, calls.c.call_id)
@@ -126,8 +128,11 @@ async def iter_calls(
         if run is not None:
             ids = await conn.execute(select(calls.c.call_id).where(*await _where(conn, version, run, run_gap_s)))
             wanted = set(ids.scalars())
-        if filters.active:  # every call still feeds the sweep; the flag says which are written
-            query = query.add_columns(case((and_(*filter_clauses(filters)), 1), else_=0).label("selected_by_filter"))
+        selected = filter_clauses(filters)
+        if since_position is not None:
+            selected.append(calls.c.last_position > since_position)
+        if selected:  # every call still feeds the sweep; the flag says which are written
+            query = query.add_columns(case((and_(*selected), 1), else_=0).label("selected_by_filter"))
         ends: list[datetime] = []
         group: list[Any] = []
         result = await conn.stream(query)

@@ -1,7 +1,9 @@
 """`ledger export` (calls as JSONL, CSV or Parquet) and `ledger show call|run`.
 
 Export streams calls in start order; memory stays flat (Parquet is written in row groups).
-Parquet needs `pyarrow` (optional: `pip install 'pyarrow>=15'`).
+Parquet needs `pyarrow` (optional: `pip install 'pyarrow>=15'`). `since_position` writes only the calls
+changed after it, and every export says the position to continue from; both formats load into the
+ClickHouse table of `clickhouse_sink`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import BlobNotFound
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections.callviews import calls_page, get_call, iter_calls
+from usage_ledger.projections.engine import catch_up_all, live_version, read_checkpoint
 from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections.export_columns import EXPORT_COLUMNS
 from usage_ledger.projections.filters import NO_FILTER, CallFilter
 from usage_ledger.projections.reports import runs_report, tickers_report
 from usage_ledger.projections.rows import CallsPage, CallView, RunRow, TickerRow
 
-__all__ = ("CallDetail", "EventView", "RunDetail", "export_calls", "show_call", "show_run")
+__all__ = ("CallDetail", "EventView", "Exported", "RunDetail", "export_calls", "show_call", "show_run")
 
 EXPORT_FIELDS: tuple[str, ...] = CallView.__struct_fields__
 _encoder = msgspec.json.Encoder()
@@ -50,6 +54,13 @@ class CallDetail(msgspec.Struct, frozen=True, kw_only=True):
     events: list[EventView]
     request: Body | None = None
     response: Body | None = None
+
+
+class Exported(msgspec.Struct, frozen=True, kw_only=True):
+    calls: int
+    position: int
+    """The calls read model's checkpoint when the export began: every change at or before it is in the export,
+    so the next incremental export starts here (`--since-position`)."""
 
 
 class RunDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,25 +101,14 @@ async def _write_text(rows: AsyncIterator[CallView], out: IO[bytes], fmt: str) -
 def _arrow_schema() -> Any:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    ts = pa.timestamp("us", tz="UTC")
-    types = {
+    kinds = {
+        "text": pa.string(),
+        "integer": pa.int64(),
+        "real": pa.float64(),
+        "time": pa.timestamp("us", tz="UTC"),
         "tags": pa.map_(pa.string(), pa.string()),
-        "started_at": ts,
-        "first_token_at": ts,
-        "last_token_at": ts,
-        "ended_at": ts,
-        "http_status": pa.int32(),
-        "in_flight": pa.int32(),
-        "retags": pa.int32(),
-        "input_tokens": pa.int64(),
-        "output_tokens": pa.int64(),
-        "cached_tokens": pa.int64(),
-        "elapsed_s": pa.float64(),
-        "ttft_s": pa.float64(),
-        "prefill_tps": pa.float64(),
-        "decode_tps": pa.float64(),
     }
-    return pa.schema([(f, types.get(f, pa.string())) for f in EXPORT_FIELDS])
+    return pa.schema([pa.field(c.name, kinds[c.kind], nullable=c.nullable) for c in EXPORT_COLUMNS])
 
 
 async def _write_parquet(rows: AsyncIterator[CallView], path: Path) -> int:
@@ -147,20 +147,31 @@ async def export_calls(
     stdout: IO[bytes] | None = None,
     run_gap_s: float = 900.0,
     filters: CallFilter = NO_FILTER,
-) -> int:
-    """Write every call (or the calls of `run`), of those matching `filters`, to `output` (or `stdout`)."""
+    since_position: int | None = None,
+) -> Exported:
+    """Write every call (or the calls of `run`), of those matching `filters` and changed after `since_position`,
+    to `output` (or `stdout`)."""
     if fmt not in ("jsonl", "csv", "parquet"):
         raise ProjectionError(f"unknown export format {fmt!r}: use jsonl, csv or parquet")
-    rows = iter_calls(database, run=run, run_gap_s=run_gap_s, filters=filters)
+    if fmt == "parquet" and output is None:
+        raise ProjectionError("parquet export needs --output FILE")
+    await catch_up_all(database)
+    # read before the rows: rows and checkpoint commit together, so the rows read next hold every change up to it
+    async with database.engine.connect() as conn:
+        position = await read_checkpoint(conn, "calls", (await live_version(conn, "calls"))[0])
+    rows = iter_calls(
+        database, run=run, run_gap_s=run_gap_s, refresh=False, filters=filters, since_position=since_position
+    )
     if fmt == "parquet":
-        if output is None:
-            raise ProjectionError("parquet export needs --output FILE")
-        return await _write_parquet(rows, Path(output))
-    if output is not None:
+        assert output is not None
+        count = await _write_parquet(rows, Path(output))
+    elif output is not None:
         with Path(output).open("wb") as handle:  # noqa: ASYNC230 - rows stream from the database into it
-            return await _write_text(rows, handle, fmt)
-    assert stdout is not None
-    return await _write_text(rows, stdout, fmt)
+            count = await _write_text(rows, handle, fmt)
+    else:
+        assert stdout is not None
+        count = await _write_text(rows, stdout, fmt)
+    return Exported(calls=count, position=position)
 
 
 async def _body(conn: Any, digest: str | None) -> Body | None:

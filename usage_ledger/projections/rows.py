@@ -119,6 +119,9 @@ class CallView(msgspec.Struct, frozen=True, kw_only=True):
     response_blob: str | None = None
     decode_tps_note: str | None = None
     """Why `decode_tps` is null, when it is."""
+    last_position: int
+    """Position of the last event folded into this row: it grows whenever the row changes (a retag, a finish),
+    so `ledger export --since-position` selects the rows changed since an earlier export."""
 
 
 class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
