@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import random
-import sqlite3
 import sys
 import tempfile
 import time
@@ -28,18 +27,16 @@ import httpx
 import msgspec
 
 from tests.gateway import processes
-from tests.projections.helpers import projection_digests, projection_lag
-from tests.reliability.helpers import ledger_cli, mounted_tmpfs, runs_report, verify_fast
+from tests.reliability.helpers import ledger_cli, mounted_tmpfs, runs_report
+from tests.soak import ending
 from tests.soak.clients import RUN, Call, ClientMix
 from tests.soak.cluster import PrivateCluster
 from tests.soak.faults import Breaker, GatewayRunner
-from tests.soak.invariants import LedgerScan, judge, whole_200
+from tests.soak.invariants import LedgerScan, judge
+from tests.soak.live import Live
 from tests.soak.relay import UpstreamRelay
-from usage_ledger.ledger.db import open_database
 
 __all__ = ("SoakConfig", "main", "soak")
-
-_CATCH_UP_S = 120.0
 
 
 class SoakConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,66 +50,6 @@ class SoakConfig(msgspec.Struct, frozen=True, kw_only=True):
     upstream_read_timeout_s: float = 4.0
     checkpoint_interval_s: float = 15.0
     work_dir: str = ""
-
-
-class Live:
-    """The checks made while faults run; counts what it checked and keeps what it found."""
-
-    def __init__(self, config: SoakConfig, db_url: str, url: str, calls: list[Call], scan: LedgerScan) -> None:
-        self.config, self.db_url, self.url, self.calls, self.scan = config, db_url, url, calls, scan
-        self.violations: list[str] = []
-        self.checked_calls: set[str] = set()
-        self.rounds = Counter[str]()
-        self.duplicates_seen = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        last_verify = time.monotonic()
-        async with httpx.AsyncClient(timeout=5) as http:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.check_every_s)
-                await self.check(http)
-                if time.monotonic() - last_verify > self.config.verify_every_s:
-                    last_verify = time.monotonic()
-                    await self.verify()
-
-    async def check(self, http: httpx.AsyncClient) -> None:
-        moment = time.time()
-        try:
-            health = (await http.get(self.url + "/_ledger/health")).json()
-        except (httpx.HTTPError, ValueError):
-            self.rounds["gateway_away"] += 1
-            return
-        if health["spooling"] or health["spool_bytes"]:
-            self.rounds["spooling"] += 1  # the spool holds events not yet in the database: nothing to compare
-            return
-        try:
-            await self.scan.advance(self.db_url)
-        except Exception:  # the database went away since the health check
-            self.rounds["database_away"] += 1
-            return
-        self.rounds["checked"] += 1
-        for call in list(self.calls):
-            call_id = call.outcome.call_id
-            if call.ended < moment and whole_200(call) and call_id not in self.checked_calls:
-                self.checked_calls.add(call_id)  # type: ignore[arg-type]
-                if call_id not in self.scan.finished and call_id not in self.scan.failed:
-                    found = f"live: {call.kind} 200 {call_id} not in the ledger with an empty spool"
-                    print(f"soak: {found}", file=sys.stderr)
-                    self.violations.append(found)
-        for found in self.scan.duplicated[self.duplicates_seen :]:  # judged at the end; told now
-            print(f"soak: live: duplicated: {found}", file=sys.stderr)
-        self.duplicates_seen = len(self.scan.duplicated)
-
-    async def verify(self) -> None:
-        try:
-            await verify_fast(self.db_url)
-        except AssertionError as exc:
-            self.violations.append(f"live: the chain does not verify: {exc}")
-        except Exception:  # the database is down at this moment
-            self.rounds["verify_skipped"] += 1
-            return
-        self.rounds["verified"] += 1
 
 
 async def _load(mix: ClientMix, config: SoakConfig, calls: list[Call], stop: asyncio.Event) -> None:
@@ -129,84 +66,6 @@ async def _load(mix: ClientMix, config: SoakConfig, calls: list[Call], stop: asy
                     await asyncio.sleep(0.2)  # the gateway is restarting: do not spin
 
     await asyncio.gather(*(worker(w) for w in range(config.workers)))
-
-
-async def _caught_up(url: str, db_url: str) -> list[str]:
-    """Waits until the spool is empty and every projection is at the head; what did not happen in time."""
-    deadline = time.monotonic() + _CATCH_UP_S
-    async with httpx.AsyncClient(timeout=5) as http:
-        while (health := (await http.get(url + "/_ledger/health")).json())["spooling"] or health["spool_bytes"]:
-            if time.monotonic() > deadline:
-                return [f"stuck: the spool never drained ({health})"]
-            await asyncio.sleep(0.5)
-    database = open_database(db_url, null_pool=True)
-    try:
-        while True:
-            head, at = await projection_lag(database)
-            if all(position == head for position in at.values()):
-                return []
-            if time.monotonic() > deadline:
-                return [f"stuck: projections at {at}, head {head}"]
-            await asyncio.sleep(0.5)
-    finally:
-        await database.dispose()
-
-
-async def _digests(db_url: str) -> dict[str, str]:
-    database = open_database(db_url, null_pool=True)
-    try:
-        return await projection_digests(database)
-    finally:
-        await database.dispose()
-
-
-async def _upstream_log(emulator_url: str) -> dict[str, tuple[int, int]]:
-    async with httpx.AsyncClient(timeout=30) as http:
-        records = (await http.get(emulator_url + "/emulator/requests")).json()
-    # the gateway records vLLM's x-request-id: the response id without its `chatcmpl-` / `cmpl-`
-    return {r["request_id"].partition("-")[2]: (r["prompt_tokens"], r["completion_tokens"]) for r in records}
-
-
-_ORPHAN = "no verified event references this blob"
-
-
-async def _verify(db_url: str, checkpoints: Path, pubkey: Path) -> tuple[list[str], int]:
-    """`ledger verify` with the checkpoints: what failed, and the blobs no event references.
-
-    Those are counted apart: on PostgreSQL a body is committed before its event, in its own transaction
-    (docs/scaling.md), so a kill or an end durable nowhere between the two leaves one (docs/RELIABILITY.md,
-    Soak). The chain, the checkpoints and every other blob rule must hold."""
-    args = ["--db", db_url, "--checkpoint", str(checkpoints), "--pubkey", str(pubkey), "--format", "json"]
-    done = await ledger_cli("verify", *args)
-    try:
-        report = msgspec.json.decode(done.stdout)
-    except msgspec.DecodeError:
-        return [f"ledger verify exited {done.returncode}: {(done.stdout + done.stderr)[-2000:]}"], 0
-    blobs = report.get("blobs") or {}
-    orphans = [p for p in blobs.get("problems", []) if p["problem"].startswith(_ORPHAN)]
-    failed = [f"ledger verify: checkpoint {c}" for c in report.get("checkpoints", []) if not c["ok"]]
-    if not report["chain_ok"]:
-        failed.append(f"ledger verify: the chain: {report.get('problem')}")
-    if not report.get("checkpoints"):
-        failed.append("ledger verify: no checkpoint was written")
-    if blobs.get("problems_total", 0) != len(orphans):
-        failed.append(f"ledger verify: blobs {blobs}")
-    return failed, len(orphans)
-
-
-def _unrecorded_ends(work: Path) -> set[str]:
-    """Calls whose final event the gateway could make durable nowhere (its `call_record_failed` log lines)."""
-    found = set()
-    for log in work.glob("gateway-*.log"):
-        for line in log.read_text(errors="replace").splitlines():
-            if '"call_record_failed"' in line and '"call_id"' in line:
-                found.add(msgspec.json.decode(line)["call_id"])
-    return found
-
-
-def _backup(source: Path, target: Path) -> None:
-    with contextlib.closing(sqlite3.connect(source)) as src, contextlib.closing(sqlite3.connect(target)) as dst:
-        src.backup(dst)
 
 
 def _tmpfs_size(config: SoakConfig) -> str:
@@ -272,7 +131,7 @@ async def _drive(
     stop = asyncio.Event()
     sqlite_file = Path(db_url.removeprefix("sqlite:///")) if cluster is None else None
     breaker = Breaker(runner, disk, rng, cluster=cluster, sqlite_file=sqlite_file, mean_gap_s=config.mean_fault_gap_s)
-    live = Live(config, db_url, url, calls, scan)
+    live = Live(db_url, url, calls, scan, check_every_s=config.check_every_s, verify_every_s=config.verify_every_s)
     mix = ClientMix(url, upstream_hang_s=config.upstream_read_timeout_s + 1)
     started = time.monotonic()
     tasks = [
@@ -289,8 +148,8 @@ async def _drive(
     if not runner.alive():
         runner.died.append("not running at the end")
         await asyncio.to_thread(runner.start)
-    problems += await _caught_up(url, db_url)
-    followed = await _digests(db_url)
+    problems += await ending.caught_up(url, db_url)
+    followed = await ending.digests(db_url)
     await asyncio.to_thread(runner.stop)  # SIGTERM: drains, signs the last checkpoint
     await scan.advance(db_url)
 
@@ -299,8 +158,10 @@ async def _drive(
         faults = breaker.during(call.began, call.ended)
         return f"{call.kind} {o.call_id} status={o.status} error={o.error!r} faults={faults}"
 
-    unrecorded = await asyncio.to_thread(_unrecorded_ends, work)
-    verdict = await judge(db_url, calls, scan, runner.kills, await _upstream_log(emulator_url), unrecorded, context)
+    unrecorded = await asyncio.to_thread(ending.unrecorded_ends, work)
+    verdict = await judge(
+        db_url, calls, scan, runner.kills, await ending.upstream_log(emulator_url), unrecorded, context
+    )
     [report] = await runs_report(db_url, RUN)
     tokens: dict[str, list[int]] = verdict.figures["tokens"]  # type: ignore[assignment]
     if [report["input_tokens"], report["output_tokens"]] != tokens["ledger_all_prompt_completion"]:
@@ -310,14 +171,14 @@ async def _drive(
     rebuild = await ledger_cli("rebuild", "--db", db_url)
     if rebuild.returncode != 0:
         problems.append(f"ledger rebuild exited {rebuild.returncode}: {rebuild.stderr[-2000:]}")
-    elif (rebuilt := await _digests(db_url)) != followed:
+    elif (rebuilt := await ending.digests(db_url)) != followed:
         problems.append(f"a rebuild's rows differ from the follower's: {followed} vs {rebuilt}")
-    verified, orphans = await _verify(db_url, checkpoints, work / "ledger.key.pub")
+    verified, orphans = await ending.verify(db_url, checkpoints, work / "ledger.key.pub")
     problems += verified
     problems += [f"gateway {d}" for d in runner.died]
     problems += [f"a fault could not be injected or undone: {e}" for e in breaker.errors]
     if sqlite_file is not None:  # the tmpfs goes at the end: keep the ledger for a post-mortem
-        await asyncio.to_thread(_backup, sqlite_file, work / "ledger.db")
+        await asyncio.to_thread(ending.backup, sqlite_file, work / "ledger.db")
     faults = Counter(breaker.injected)
     faults.update(c.kind for c in calls if c.kind not in ("plain", "stream"))
     stuck = [s for s in verdict.stuck + problems if s.startswith("stuck")]
