@@ -5,9 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy import select
+
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
+from usage_ledger.ledger.read import head_position
+from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.projections.engine import PROJECTIONS, live_version
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -94,3 +99,34 @@ async def append_plain_calls(database: Database, count: int, *, batch: int = 500
         await append(
             database, *(started(f"c{i:05d}", i) for i in calls), *(finished(f"c{i:05d}", i, i + 1) for i in calls)
         )
+
+
+async def projection_lag(database: Database) -> tuple[int, dict[str, int]]:
+    """The head position and each live projection's checkpoint."""
+    out = {}
+    async with database.engine.connect() as conn:
+        head = await head_position(conn)
+        for name in PROJECTIONS:
+            version, _ = await live_version(conn, name)
+            found = await conn.execute(
+                select(checkpoints.c.position).where(checkpoints.c.projection == name, checkpoints.c.version == version)
+            )
+            out[name] = found.scalar_one_or_none() or 0
+    return head, out
+
+
+async def assert_projections_at_head(database: Database) -> int:
+    """Every live projection's checkpoint is the head; returns the head."""
+    head, at_ = await projection_lag(database)
+    assert at_ == dict.fromkeys(PROJECTIONS, head), (head, at_)
+    return head
+
+
+async def projection_digests(database: Database) -> dict[str, str]:
+    """Each live projection's digest of its rows (equal digests: equal read models)."""
+    out = {}
+    async with database.engine.connect() as conn:
+        for name, projection in PROJECTIONS.items():
+            version, _ = await live_version(conn, name)
+            out[name] = await projection.digest(conn, version)
+    return out

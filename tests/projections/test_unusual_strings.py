@@ -23,16 +23,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import select
 
 from tests.gateway.live import live_gateway, serving
 from tests.gateway.wire import read_response
-from tests.projections.helpers import T0, append, at, finished
+from tests.projections.helpers import T0, append, assert_projections_at_head, at, finished, projection_digests
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, CallStarted, RunAnnotated, new_event
-from usage_ledger.ledger.read import head_position, iter_events
-from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.annotations import load_annotations
@@ -51,38 +49,16 @@ _odd = st.sampled_from(["\x00", "\x01", "\x7f", "\\", '"', "\\u0000", "\u2028", 
 _text = st.lists(st.one_of(_odd, st.characters(exclude_categories=["Cs"])), min_size=1, max_size=12).map("".join)
 
 
-async def _advanced(database: Database) -> int:
-    """Every live projection's checkpoint; asserts they all reached the head."""
-    async with database.engine.connect() as conn:
-        head = await head_position(conn)
-        for name in PROJECTIONS:
-            version, _ = await live_version(conn, name)
-            found = await conn.execute(
-                select(checkpoints.c.position).where(checkpoints.c.projection == name, checkpoints.c.version == version)
-            )
-            assert found.scalar_one() == head, name
-    return head
-
-
-async def _digests(database: Database) -> dict[str, str]:
-    out = {}
-    async with database.engine.connect() as conn:
-        for name, projection in PROJECTIONS.items():
-            version, _ = await live_version(conn, name)
-            out[name] = await projection.digest(conn, version)
-    return out
-
-
 async def _follow_then_rebuild(database: Database) -> None:
     """The follower, then a full rebuild: both reach the head, with the same rows."""
     await catch_up_all(database)
-    await _advanced(database)
-    followed = await _digests(database)
+    await assert_projections_at_head(database)
+    followed = await projection_digests(database)
     for name in PROJECTIONS:
         await rebuild_projection(database, name)
-    assert await _digests(database) == followed
+    assert await projection_digests(database) == followed
     await catch_up_all(database)  # past the `projection.promoted` events the rebuilds appended
-    await _advanced(database)
+    await assert_projections_at_head(database)
 
 
 @_checked

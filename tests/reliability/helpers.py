@@ -12,6 +12,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 import msgspec
@@ -145,16 +146,37 @@ async def raw_call(http: httpx.AsyncClient, url: str, body: bytes, headers: dict
     return outcome
 
 
+class CannotMount(RuntimeError):
+    """A tmpfs could not be mounted here (not root, no CAP_SYS_ADMIN, a sandbox)."""
+
+
 @contextlib.contextmanager
-def tmpfs(directory: Path, size: str) -> Iterator[Path]:
-    """A `size` tmpfs mounted at `directory` (a disk that fills up); skips where mounting is not permitted."""
-    directory.mkdir()
+def mounted_tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A `size` tmpfs mounted at `directory` (a disk that fills up), unmounted on exit; raises `CannotMount`."""
+    directory.mkdir(exist_ok=True)
     mounted = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True
     )
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or mounted.returncode}")
+        raise CannotMount(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip() or mounted.returncode}")
     try:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], capture_output=True)
+
+
+def unavailable(reason: str) -> NoReturn:
+    """A facility a test needs is missing: fail under CI (CI=true must run it), skip elsewhere."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: this test must run)")
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """`mounted_tmpfs` for a test: where mounting is not permitted it skips, or fails under CI."""
+    try:
+        with mounted_tmpfs(directory, size) as mounted:
+            yield mounted
+    except CannotMount as exc:
+        unavailable(str(exc))

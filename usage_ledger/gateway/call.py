@@ -221,16 +221,21 @@ class Call:
         elif source == "implausible":
             log.warning("usage_implausible", call_id=self.call_id, path=self.path, detail=detail)
 
-    async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> None:
+    async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> bool:
+        """Record the failure; False when strict durability waited and the failure is durable nowhere."""
         timings = self._timings()
         self.metrics.failures[reason] += 1
+        durable = True
         if self.recorded:
             digest, data, _ = self._raw_body()
             gaps_digest, gaps = self.seen.gaps_blob()
             event = self._failure(phase, reason, detail, digest, timings, gaps_digest)
-            with contextlib.suppress(NotRecorded):  # a failure's response says it failed either way
+            try:
                 await self.recorder.finish(event, data, gaps, wait=wait)
+            except NotRecorded:
+                durable = False  # counted and logged by the recorder; the caller decides what the client sees
         self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
+        return durable
 
     def _failure(
         self, phase: str, reason: str, detail: str, digest: str | None, timings: Timings, gaps_digest: str | None
@@ -338,8 +343,18 @@ class Call:
     async def _fail_before_response(self, client: Responder, exc: GatewayError, phase: str, reason: str) -> None:
         self.started()
         self.status = exc.status
-        await self._failed(phase, reason, exc.message, wait=True)
+        durable = await self._failed(phase, reason, exc.message, wait=True)
+        if durable and self.started_durable is not None:
+            try:
+                await self.recorder.until_durable(self.started_durable)
+            except NotRecorded:
+                durable = False
         self.done = True
+        if not durable:
+            # Strict, and the call is durable nowhere: its own error answer, whole and naming a call id,
+            # would be a response the ledger does not hold. Refused like an unrecorded start instead.
+            await self._answer_unrecorded(client)
+            return
         await client.json(exc.status, exc.body(), self._extra_headers())
 
     async def _relay(self, response: UpstreamResponse, client: Responder) -> None:
@@ -397,9 +412,13 @@ class Call:
         """Strict, and the call's start is durable nowhere: cancel the upstream request and answer 503 before
         any byte of its response, counted in the metrics (the writer's health says why)."""
         await _close_quietly(response)
+        self.done = True
+        await self._answer_unrecorded(client)
+
+    async def _answer_unrecorded(self, client: Responder) -> None:
+        """503 `ledger_unavailable`, with no call id: the ledger cannot hold this call now."""
         self.metrics.refused_unrecorded += 1
         self.status = LedgerUnavailable.status
-        self.done = True
         error = LedgerUnavailable(
             "the ledger cannot record this call now (database and spool both failed); "
             f"retry after {LedgerUnavailable.retry_after_s} s"

@@ -2,7 +2,8 @@
 
     PlainRelay   any body: forwarded one chunk behind, so the last chunk waits for the call's record
     SseRelay     an SSE stream: forwarded as it comes; held from the stream's end marker on
-                 (`data: [DONE]`, or the Responses API's closing event) until the call is recorded;
+                 (`data: [DONE]`, or the Responses API's closing event) until the call is recorded
+                 (a stream framed by Content-Length: also its last byte, marker or not);
                  with `cutting`, whole events only, and edited: the usage-only chunk the gateway asked
                  for cut out, and what asking changed in other chunks put back (`gateway.observed`)
 
@@ -94,6 +95,7 @@ class SseRelay:
         "done_at",
         "edits",
         "hold_from",
+        "last_byte",
         "observe",
         "pending",
         "problem",
@@ -104,9 +106,18 @@ class SseRelay:
     )
 
     def __init__(
-        self, raw: list[bytes], observe: Observe, *, cutting: bool, decoder: BodyDecoder | None = None
+        self,
+        raw: list[bytes],
+        observe: Observe,
+        *,
+        cutting: bool,
+        decoder: BodyDecoder | None = None,
+        length: int | None = None,
     ) -> None:
         self.raw = raw
+        self.last_byte = None if length is None else max(length - 1, 0)
+        """The stream offset of a Content-Length body's last byte: held, so the client cannot take the body
+        for whole before the record, even without an end marker (garbage typed as an event stream)."""
         self.observe = observe
         self.cutting = cutting
         """Edit the stream (the usage-only chunk the client did not ask for); forward whole events only."""
@@ -146,6 +157,8 @@ class SseRelay:
             limit = min(limit, self.hold_from)
         if self.done_at is not None:
             limit = min(limit, self.done_at)
+        if self.last_byte is not None:
+            limit = min(limit, self.last_byte)
         edits = self.edits
         if not self.pending and limit == self.total and (not edits or edits[-1][1] <= self.sent):
             self.sent = self.total  # whole events, nothing held or edited: the chunk as it came
@@ -220,6 +233,7 @@ def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *,
     sse = False
     encoding = b""
     request_id = None
+    length: int | None = None
     for name, value in headers:
         if name == b"content-type" and value.startswith(b"text/event-stream"):
             sse = True
@@ -227,6 +241,8 @@ def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *,
             encoding = value
         elif name == b"x-request-id":
             request_id = value.decode("latin-1")
+        elif name == b"content-length" and value.isdigit():
+            length = int(value)
     decoder: BodyDecoder | None = None
     if inspect and encoding:
         try:
@@ -236,7 +252,7 @@ def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *,
     if not sse:
         return RelayPlan(PlainRelay(raw), response_headers(headers), decoder=decoder, request_id=request_id)
     if decoder is None:
-        relay = SseRelay(raw, observe, cutting=cut)
+        relay = SseRelay(raw, observe, cutting=cut, length=None if cut else length)  # cut: the length is dropped
         return RelayPlan(relay, response_headers(headers, drop_length=cut), sse=relay, request_id=request_id)
     if cut:
         # Compressed bytes cannot be cut: the client gets the decoded stream (its HTTP library would

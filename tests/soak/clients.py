@@ -1,0 +1,149 @@
+"""The soak's clients: plain and streamed calls, upstream faults asked for per request, trickling and
+disconnecting clients. Each call leaves a `Call`: what its client saw, and when.
+
+Upstream faults ride on request headers the gateway forwards: `X-Emulator-Fault` (the emulator's own
+switches) and `x-soak-upstream` (tests.soak.relay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import msgspec
+
+from tests.reliability.helpers import Outcome, chat_body, raw_call
+
+__all__ = ("RUN", "Call", "ClientMix", "reported_usage")
+
+RUN = "soak"
+
+# (kind, weight): what one client call does
+_KINDS = (("plain", 30), ("stream", 40), ("upstream", 17), ("disconnect", 8), ("trickle", 5))
+# upstream faults: (name, header, value, streamed?)
+_UPSTREAM = (
+    ("error-mid-stream", "X-Emulator-Fault", "error-mid-stream={n}", True),
+    ("reset-mid-stream", "X-Emulator-Fault", "drop-mid-stream={n}", True),
+    ("reset-mid-body", "X-Emulator-Fault", "drop-mid-stream", False),
+    ("status-5xx", "X-Emulator-Fault", "status={status}", None),
+    ("hang-before-headers", "X-Emulator-Fault", "slow-headers={hang}", None),
+    ("garbage-head", "x-soak-upstream", "garbage-head", False),
+    ("garbage-body", "x-soak-upstream", "garbage-body", False),
+    ("reset-before-headers", "x-soak-upstream", "reset", None),
+    ("hang-mid-stream", "x-soak-upstream", "hang-mid", True),
+)
+
+
+@dataclass
+class Call:
+    kind: str
+    outcome: Outcome
+    began: float  # time.time() at the request
+    ended: float
+
+
+def reported_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) tokens the upstream reported in a body the client got whole, if any."""
+    try:
+        if body.lstrip().startswith(b"{"):
+            usage = msgspec.json.decode(body).get("usage")
+        else:
+            usage = None
+            for line in body.split(b"\n"):
+                if line.startswith(b"data: {"):
+                    usage = msgspec.json.decode(line[6:]).get("usage") or usage
+    except (msgspec.DecodeError, AttributeError):
+        return None
+    if not isinstance(usage, dict):
+        return None
+    return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+
+
+async def _trickled(body: bytes, rng: random.Random) -> AsyncIterator[bytes]:
+    step = max(1, len(body) // rng.randint(5, 30))
+    for start in range(0, len(body), step):
+        yield body[start : start + step]
+        await asyncio.sleep(rng.uniform(0.02, 0.2))
+
+
+class ClientMix:
+    """Draws each call's kind from a seeded RNG and runs it against `url`."""
+
+    def __init__(self, url: str, upstream_hang_s: float) -> None:
+        self.url = url
+        self.upstream_hang_s = upstream_hang_s
+
+    async def call(self, http: httpx.AsyncClient, rng: random.Random, n: int) -> Call:
+        kind = rng.choices([k for k, _ in _KINDS], [w for _, w in _KINDS])[0]
+        began = time.time()
+        headers = {"X-Ledger-Run": RUN}
+        if kind in ("plain", "stream"):
+            body = chat_body(f"soak {n}", max_tokens=rng.randint(1, 150), stream=kind == "stream")
+            outcome = await raw_call(http, self.url, body, {**headers, "X-Ledger-Ticker": kind})
+        elif kind == "upstream":
+            kind, outcome = await self._upstream(http, rng, n, headers)
+        elif kind == "disconnect":
+            outcome = await self._disconnect(http, rng, n, headers)
+        else:
+            outcome = await self._trickle(http, rng, n, headers)
+        return Call(kind=kind, outcome=outcome, began=began, ended=time.time())
+
+    async def _upstream(
+        self, http: httpx.AsyncClient, rng: random.Random, n: int, headers: dict[str, str]
+    ) -> tuple[str, Outcome]:
+        name, header, value, streamed = rng.choice(_UPSTREAM)
+        stream = rng.random() < 0.5 if streamed is None else streamed
+        value = value.format(n=rng.randint(0, 8), status=rng.choice([500, 502, 503]), hang=self.upstream_hang_s)
+        body = chat_body(f"soak {n} {name}", max_tokens=rng.randint(10, 60), stream=stream)
+        outcome = await raw_call(http, self.url, body, {**headers, "X-Ledger-Ticker": name, header: value})
+        return f"upstream:{name}", outcome
+
+    async def _disconnect(
+        self, http: httpx.AsyncClient, rng: random.Random, n: int, headers: dict[str, str]
+    ) -> Outcome:
+        """A stream the client walks away from after a few reads (0: right after the headers)."""
+        body = chat_body(f"soak {n} leaves", max_tokens=2000, stream=True, min_tokens=2000)
+        reads = rng.randint(0, 20)
+        outcome = Outcome(error="disconnected by the client")
+        try:
+            async with http.stream(
+                "POST", self.url + "/v1/chat/completions", content=body, headers={**headers, "X-Ledger-Ticker": "leave"}
+            ) as response:
+                outcome.status = response.status_code
+                outcome.call_id = response.headers.get("x-ledger-call-id")
+                async for chunk in response.aiter_raw():
+                    outcome.body += chunk
+                    reads -= 1
+                    if reads < 0:
+                        break
+        except httpx.HTTPError as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+        return outcome
+
+    async def _trickle(self, http: httpx.AsyncClient, rng: random.Random, n: int, headers: dict[str, str]) -> Outcome:
+        """A request body sent in small pieces, and the response read slowly, in small reads."""
+        stream = rng.random() < 0.5
+        body = chat_body(
+            f"soak {n} trickles " + "x" * rng.randint(0, 800), max_tokens=rng.randint(1, 80), stream=stream
+        )
+        sent = {**headers, "X-Ledger-Ticker": "trickle", "content-type": "application/json"}
+        if rng.random() < 0.5:
+            sent["content-length"] = str(len(body))  # else chunked
+        outcome = Outcome()
+        try:
+            async with http.stream(
+                "POST", self.url + "/v1/chat/completions", content=_trickled(body, rng), headers=sent
+            ) as response:
+                outcome.status = response.status_code
+                outcome.call_id = response.headers.get("x-ledger-call-id")
+                async for chunk in response.aiter_raw(chunk_size=512):
+                    outcome.body += chunk
+                    await asyncio.sleep(rng.uniform(0, 0.03))
+            outcome.complete = outcome.body.rstrip().endswith(b"data: [DONE]") if stream else True
+        except httpx.HTTPError as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+        return outcome

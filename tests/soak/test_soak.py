@@ -1,0 +1,42 @@
+"""The randomized fault soak, short: 75 s of faults per backend (LEDGER_SOAK_SECONDS to change it).
+
+The long run is the script (`python -m tests.soak.soak --minutes 30 --backend pg`); this is the same
+engine, so CI tries every kind of fault on SQLite and PostgreSQL on each run. It needs root (a tmpfs,
+and `runuser` for the private PostgreSQL cluster): without them it skips, or fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from tests.reliability.helpers import CannotMount, unavailable
+from tests.soak.cluster import ClusterUnavailable
+from tests.soak.soak import SoakConfig, soak
+
+pytestmark = pytest.mark.slow
+
+# every fault the soak injects on each backend: the test fails if a short run missed one
+_ENVIRONMENT = {"pg": {"kill", "disk_full", "db_stop", "db_crash"}, "sqlite": {"kill", "disk_full", "db_lock"}}
+_REQUESTS = {"disconnect", "trickle", "upstream:reset-mid-stream", "upstream:garbage-head", "upstream:hang-mid-stream"}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "pg"])
+async def test_randomized_faults_lose_duplicate_and_strand_nothing(backend: str, tmp_path: Path) -> None:
+    seconds = float(os.environ.get("LEDGER_SOAK_SECONDS", "75"))
+    config = SoakConfig(backend=backend, seconds=seconds, seed=20261205, mean_fault_gap_s=3.0, work_dir=str(tmp_path))
+    try:
+        summary = await soak(config)
+    except (CannotMount, ClusterUnavailable) as exc:
+        unavailable(str(exc))
+    print(f"\nSOAK {backend}: " + msgspec.json.encode({k: v for k, v in summary.items() if k != "violations"}).decode())
+    assert summary["violations"] == [] and summary["ok"], msgspec.json.format(msgspec.json.encode(summary)).decode()
+    assert (summary["lost"], summary["duplicated"], summary["stuck"], summary["token_mismatches"]) == (0, 0, 0, 0)
+    if backend == "sqlite":  # a body and its event share one transaction there: never an orphan
+        assert summary["orphan_blobs"] == 0, summary
+    faults: dict[str, int] = summary["faults"]  # type: ignore[assignment]
+    assert _ENVIRONMENT[backend] | _REQUESTS <= set(faults), faults
+    assert summary["whole_200"] > 100, summary  # the load went on through the faults  # type: ignore[operator]
