@@ -153,6 +153,11 @@ def _print_report(report: LedgerReport) -> None:
         for problem in report.blobs.problems:
             where = f" (position {problem.position})" if problem.position is not None else ""
             print(f"  blob {problem.hash}{where}: {problem.problem}")
+    if report.blobs is not None and report.blobs.unreferenced:
+        print(
+            f"  {report.blobs.unreferenced} stored bodies no event references (left by appends that never "
+            "committed, or inserted; they change nothing an event says: docs/auditing.md)"
+        )
     for check in report.checkpoints:
         if check.ok:
             print(f"checkpoint {check.source}: the ledger contains its head at size {check.size}")
