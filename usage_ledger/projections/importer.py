@@ -266,8 +266,12 @@ async def _append_rows(
         if sending is not None:
             await sending
     finally:
+        # the pass failed or was cancelled (the transaction is rolled back anyway): no batch left in flight,
+        # and the error raised is the one that ended the pass, not one of the batch's left unread
         if sending is not None and not sending.done():
-            sending.cancel()  # the import failed or was cancelled: the transaction is rolled back anyway
+            sending.cancel()
+        elif sending is not None and not sending.cancelled():
+            sending.exception()
 
 
 async def _send(
