@@ -9,7 +9,8 @@ import pytest
 from tests.ledger.helpers import allow_inserts, call_events, refuse_inserts
 from usage_ledger.ledger.append import append_events, appending
 from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.verify import verify_chain
 
@@ -73,6 +74,28 @@ async def test_a_failed_batch_ends_the_transaction(database: Database) -> None:
     await allow_inserts(database)
     assert (await append_events(database, call_events(4))).last_position == 2
     assert (await verify_chain(database)).ok
+
+
+async def test_a_connection_lost_mid_block_appends_none_of_it(fresh_pg_url: str) -> None:
+    """PostgreSQL: the server drops the block's connection between two batches (a restart, a failover)."""
+    database = open_database(fresh_pg_url, null_pool=True)
+    await upgrade_database(database)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            async with appending(database) as stream:
+                await stream.add(call_events(1))
+                async with database.engine.connect() as conn:
+                    ended = await conn.exec_driver_sql(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+                    )
+                    assert ended.scalars().all() == [True]  # the block's connection, between its batches
+                await stream.add(call_events(2))
+        assert await _head(database) == 0
+        assert (await append_events(database, call_events(3))).last_position == 2  # connects again
+        assert (await verify_chain(database)).ok
+    finally:
+        await database.dispose()
 
 
 async def test_appends_of_the_same_process_wait_for_the_block(database: Database) -> None:
