@@ -71,3 +71,34 @@ async def build_ledger(url: str, *fill: Callable[[Database], Awaitable[object]])
         for step in fill:
             await step(database)
     return url
+
+
+async def refuse_inserts(database: Database, stream: str) -> None:
+    """A trigger refusing the events of `stream`: a database error in the middle of a transaction."""
+    async with database.engine.begin() as conn:
+        for statement in _REFUSE[database.backend]:
+            await conn.exec_driver_sql(statement.replace("STREAM", stream))
+
+
+async def allow_inserts(database: Database) -> None:
+    async with database.engine.begin() as conn:
+        for statement in _ALLOW[database.backend]:
+            await conn.exec_driver_sql(statement)
+
+
+_REFUSE = {
+    "sqlite": [
+        "CREATE TRIGGER t_refuse BEFORE INSERT ON ledger_events WHEN NEW.stream = 'STREAM' "
+        "BEGIN SELECT RAISE(ABORT, 'refused by test'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION t_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'refused by test'; END $$",
+        "CREATE TRIGGER t_refuse BEFORE INSERT ON ledger_events FOR EACH ROW WHEN (NEW.stream = 'STREAM') "
+        "EXECUTE FUNCTION t_refuse()",
+    ],
+}
+_ALLOW = {
+    "sqlite": ["DROP TRIGGER t_refuse"],
+    "postgresql": ["DROP TRIGGER t_refuse ON ledger_events", "DROP FUNCTION t_refuse()"],
+}

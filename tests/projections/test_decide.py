@@ -193,6 +193,20 @@ async def test_bad_label_rows_append_nothing(database: Database, tmp_path: Path,
     assert await _events(database, "labels.recorded") == 0
 
 
+async def test_label_rows_are_read_as_import_reads_them(database: Database, tmp_path: Path) -> None:
+    """The line cap and the UTF-8 check of `ledger import`'s reader apply to label files too."""
+    await append_trace(database, build_labels())
+    path = tmp_path / "odd.csv"
+    path.write_bytes(b"run,key,label\nmoe-1,T000,Hold" + b"," * (1 << 20) + b"\nmoe-1,T001,\xff\n")
+    with pytest.raises(ImportFailed) as caught:
+        await import_labels(database, path)
+    assert caught.value.errors == [
+        f"{path}:2: line longer than 1,048,576 bytes",
+        f"{path}:3: not valid UTF-8; save the file as UTF-8",
+    ]
+    assert await _events(database, "labels.recorded") == 0
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [

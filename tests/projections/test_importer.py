@@ -181,6 +181,33 @@ async def test_csv_with_tag_columns(database: Database, tmp_path: Path) -> None:
     assert (run.calls, run.failed_calls, run.tickers, run.input_tokens) == (2, 1, 2, 3000)
 
 
+async def test_a_csv_record_past_the_cap_is_a_bad_row_and_later_lines_keep_their_numbers(
+    database: Database, tmp_path: Path
+) -> None:
+    """The CSV reader caps a line as the JSONL reader does (many short cells: no field over csv's own limit)."""
+    path = tmp_path / "long.csv"
+    good = "2026-03-01T14:00:00+00:00,5,{},10,r\r\n"
+    long_line = "," * (MAX_LINE_BYTES + 10) + "\r\n"
+    path.write_text(
+        "started_at,elapsed_s,input_tokens,output_tokens,run\r\n" + good.format(1) + long_line + good.format(2)
+    )
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [f"{path}:3: line longer than {MAX_LINE_BYTES:,} bytes"]
+    result = await import_file(database, path, skip_invalid=True)
+    assert (result.rows, result.appended, result.invalid) == (3, 2, 1)
+    (run,) = await runs_report(database)
+    assert run.input_tokens == 3
+
+
+async def test_a_csv_header_that_cannot_be_read_is_line_1(database: Database, tmp_path: Path) -> None:
+    path = tmp_path / "header.csv"
+    path.write_text("started_at," + "x" * 200_000 + "\n2026-03-01T14:00:00+00:00,1\n")
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [f"{path}:1: invalid CSV: field larger than field limit (131072)"]
+
+
 async def test_a_renamed_copy_adds_nothing(database: Database, tmp_path: Path) -> None:
     original = tmp_path / "calls-2026-10.jsonl"
     original.write_bytes(_row(0) + _row(0) + _row(1, call_id="c-1"))

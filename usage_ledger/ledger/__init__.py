@@ -5,7 +5,7 @@ Imports nothing of gateway/ or projections/; they import it.
 
 from __future__ import annotations
 
-from usage_ledger.ledger.append import AppendResult, append_events
+from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending
 from usage_ledger.ledger.blobs import blob_hash, read_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import (
@@ -25,6 +25,7 @@ from usage_ledger.ledger.writer import EventWriter, replay_spool
 
 __all__ = (
     "AppendResult",
+    "AppendStream",
     "BlobNotFound",
     "ChainReport",
     "ConfigError",
@@ -39,6 +40,7 @@ __all__ = (
     "StorageSettings",
     "StoredEvent",
     "append_events",
+    "appending",
     "blob_hash",
     "follow_events",
     "head_position",

@@ -5,12 +5,20 @@ Serialization: each backend's appender runs the whole batch on its own thread (`
 `SELECT … FOR UPDATE`. Under that lock the tail (last position and hash) is read, already-stored
 event ids are dropped, the rest get consecutive positions and the head moves with them — so commit
 order = position order and a reader at `position > checkpoint` never skips an event.
+
+`appending` is the same append over many batches in one transaction (a file of `ledger import`:
+all of it or none, also across a kill, while memory holds one batch). Each batch is chained by the
+backend's one insert path as `append_events` does; the lock is held from the first batch to the
+commit, so every other appender (a gateway) waits that long: keep what happens between batches short.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Protocol
 
 import msgspec
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -20,7 +28,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import NewEvent, utc_now
 
-__all__ = ("AppendResult", "append_events", "translate_db_error")
+__all__ = ("AppendResult", "AppendStream", "append_events", "appending", "translate_db_error")
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -40,6 +48,73 @@ async def append_events(
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
     return AppendResult(appended=appended, duplicates=duplicates, last_position=last)
+
+
+class _Backend(Protocol):
+    """A backend's open stream (`SqliteStream`, `PostgresStream`)."""
+
+    async def add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]: ...
+
+    async def commit(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class AppendStream:
+    """The batches of one `appending` block; its totals are final once the block has committed."""
+
+    def __init__(self, backend: _Backend, database: Database) -> None:
+        self._backend = backend
+        self._database = database
+        self._failed = False
+        self.appended = 0
+        self.duplicates = 0
+        self.last_position = 0
+
+    async def add(self, batch: Sequence[NewEvent]) -> AppendResult:
+        """Chain `batch` after the block's earlier batches (uncommitted until the block ends).
+
+        After a failure the block's transaction is gone: every later `add` fails too, and nothing is appended.
+        """
+        if self._failed:
+            raise LedgerError(f"append to {self._database.safe_url} failed earlier in this transaction")
+        try:
+            appended, duplicates, last = await self._backend.add(batch, utc_now())
+        except BaseException as exc:
+            self._failed = True
+            if isinstance(exc, Exception):
+                raise translate_db_error(exc, self._database) from exc
+            raise
+        self.appended += appended
+        self.duplicates += duplicates
+        self.last_position = last
+        return AppendResult(appended=appended, duplicates=duplicates, last_position=last)
+
+    @property
+    def result(self) -> AppendResult:
+        return AppendResult(appended=self.appended, duplicates=self.duplicates, last_position=self.last_position)
+
+
+@contextlib.asynccontextmanager
+async def appending(database: Database) -> AsyncIterator[AppendStream]:
+    """One transaction for the batches `add`ed inside the block: committed when the block ends, rolled back
+    when it raises (or the process dies first). The write lock (SQLite) or the chain's head (PostgreSQL) is
+    held from the first batch (SQLite: from the start) to the commit; other appends wait for it."""
+    appender = database.sqlite_appender or database.postgres_appender
+    assert appender is not None, "open_database gives every database an appender"
+    try:
+        backend: _Backend = await appender.stream()
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    try:
+        stream = AppendStream(backend, database)
+        yield stream
+        try:
+            await backend.commit()
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+    finally:
+        backend.close()
 
 
 def translate_db_error(exc: BaseException, database: Database) -> LedgerError:

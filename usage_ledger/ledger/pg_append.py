@@ -17,6 +17,12 @@ commit order = position order and the chain has one head. What the lock covers i
   chain's one definition), one statement inserts them and moves the head, then COMMIT.
 - On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
   statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
+
+A stream (`stream`: `ledger import`'s file) is one transaction over many batches, each chained by
+the same `_insert_events` in a savepoint (its optimistic insert may be redone). It holds the head
+from its first batch to its COMMIT: every other appender waits that long. The appender's loop
+serves the stream alone meanwhile (a job of this process run in between would land inside it).
+Streams take no bodies (import has none).
 """
 
 from __future__ import annotations
@@ -25,19 +31,23 @@ import asyncio
 import contextlib
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 
 from usage_ledger.ledger._rows import build_rows
+from usage_ledger.ledger._thread import settle  # the appenders' one way of handing back an outcome
 from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import NewEvent
-from usage_ledger.ledger.sqlite_append import _settle  # the appenders' one way of handing back an outcome
 
-__all__ = ("PostgresAppender",)
+__all__ = ("PostgresAppender", "PostgresStream")
+
+T = TypeVar("T")
+_Step = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], "asyncio.AbstractEventLoop | None", Any]
+"""A coroutine function to run on the appender's loop, its arguments, and the caller's loop and future (or None)."""
 
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
@@ -71,8 +81,9 @@ class PostgresAppender:
         self._connect_kwargs = dict(connect_kwargs)
         self._safe_url = safe_url
         self._conn: Any = None  # asyncpg.Connection, opened on first use
+        self._stream: Any = None  # the open stream's asyncpg.Transaction, while one is
         self._loop = asyncio.new_event_loop()
-        self._queue: asyncio.Queue[tuple[Any, ...] | None] | None = None
+        self._queue: asyncio.Queue[_Step | None] | None = None
         self._ready = threading.Event()
         self._closed = False
         # a daemon: a database never disposed must not keep the interpreter from exiting
@@ -89,10 +100,29 @@ class PostgresAppender:
         commit, as one already sent always could."""
         if self._closed:
             raise RuntimeError("the PostgreSQL appender is closed")
-        caller = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[int, int, int]] = caller.create_future()
         assert self._queue is not None
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (batch, blobs, recorded_at, caller, done))
+        return await self._ask(self._queue, self._append, batch, blobs, recorded_at)
+
+    async def stream(self) -> PostgresStream:
+        """A transaction for many batches, begun before this returns (the head is locked by its first batch)."""
+        if self._closed:
+            raise RuntimeError("the PostgreSQL appender is closed")
+        assert self._queue is not None
+        steps: asyncio.Queue[_Step | None] = asyncio.Queue()  # used on the appender's loop only
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, (self._lend, (steps,), None, None))
+        stream = PostgresStream(self, steps)
+        try:
+            await stream.call(self._stream_begin)
+        except BaseException:
+            stream.close()
+            raise
+        return stream
+
+    async def _ask(self, queue: asyncio.Queue[_Step | None], fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """`await fn(*args)` on the appender's loop, taken from `queue` in turn; the outcome comes back here."""
+        caller = asyncio.get_running_loop()
+        done: asyncio.Future[T] = caller.create_future()
+        self._loop.call_soon_threadsafe(queue.put_nowait, (fn, args, caller, done))
         return await done
 
     def close(self) -> None:
@@ -115,14 +145,7 @@ class PostgresAppender:
     async def _work(self) -> None:
         self._queue = asyncio.Queue()
         self._ready.set()
-        while (job := await self._queue.get()) is not None:
-            batch, blobs, recorded_at, caller, done = job
-            try:
-                result, error = await self._append(batch, blobs, recorded_at), None
-            except BaseException as exc:  # handed to the caller
-                result, error = None, exc
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
-                caller.call_soon_threadsafe(_settle, done, result, error)
+        await _run_all(self._queue)
         conn, self._conn = self._conn, None
         if conn is not None:
             try:
@@ -130,21 +153,69 @@ class PostgresAppender:
             except Exception:  # the server is gone or slow: drop the socket
                 conn.terminate()
 
+    async def _lend(self, steps: asyncio.Queue[_Step | None]) -> None:
+        """A stream's steps, and nothing else, until it closes; then roll back what it did not commit."""
+        await _run_all(steps)
+        if self._stream is not None:
+            transaction, self._stream = self._stream, None
+            try:
+                await transaction.rollback()
+            except Exception:
+                await self._reset()  # a dropped connection rolls back too
+
     async def _append(
         self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
     ) -> tuple[int, int, int]:
-        try:
+        async def work() -> tuple[int, int, int]:
             conn = await self._connection()
             if blobs:
                 await self._write_blobs(conn, blobs, recorded_at)
-            try:
-                return await self._append_events(conn, batch, recorded_at, check_existing=False)
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name == "pk_ledger_events":
-                    raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
-                # Optimistic first try: insert as if no event id were stored yet (the unique index checks
-                # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
-                return await self._append_events(conn, batch, recorded_at, check_existing=True)
+            # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
+            # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
+            return await self._chain(conn, batch, recorded_at, lambda: conn.transaction(isolation="read_committed"))
+
+        return await self._guarded(work())
+
+    async def _stream_begin(self) -> None:
+        async def work() -> None:
+            conn = await self._connection()
+            transaction = conn.transaction(isolation="read_committed")  # as in `_append`
+            await transaction.start()
+            self._stream = transaction
+
+        await self._guarded(work())
+
+    async def _stream_add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
+        if self._stream is None:
+            raise LedgerError(f"append to {self._safe_url} failed: the stream's transaction has ended")
+        conn = self._conn
+        return await self._guarded(self._chain(conn, batch, recorded_at, conn.transaction))
+
+    async def _stream_commit(self) -> None:
+        if self._stream is None:
+            raise LedgerError(f"append to {self._safe_url} failed: the stream's transaction has ended")
+        transaction, self._stream = self._stream, None
+        await self._guarded(transaction.commit())
+
+    async def _chain(
+        self, conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, scope: Callable[[], Any]
+    ) -> tuple[int, int, int]:
+        """The batch chained onto the head inside `scope()` (a transaction, or a stream's savepoint)."""
+        try:
+            async with scope():
+                return await self._insert_events(conn, batch, recorded_at, check_existing=False)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == "pk_ledger_events":
+                raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
+            # Optimistic first try: insert as if no event id were stored yet (the unique index checks
+            # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
+            async with scope():
+                return await self._insert_events(conn, batch, recorded_at, check_existing=True)
+
+    async def _guarded(self, work: Awaitable[T]) -> T:
+        """`work`, with a failure other than the ledger's own dropping the connection and said as the ledger's."""
+        try:
+            return await work
         except LedgerError:
             raise
         except Exception as exc:
@@ -160,6 +231,7 @@ class PostgresAppender:
         return self._conn
 
     async def _reset(self) -> None:
+        self._stream = None  # its transaction goes with the connection
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.terminate()  # no goodbye to a server that may be gone
@@ -185,38 +257,76 @@ class PostgresAppender:
         await conn.execute("COMMIT")
 
     @staticmethod
-    async def _append_events(
+    async def _insert_events(
         conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
     ) -> tuple[int, int, int]:
-        # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
-        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
-        async with conn.transaction(isolation="read_committed"):
-            head = await conn.fetchrow(_READ_HEAD)  # the lock and the tail, one statement
-            if head is None:
-                raise LedgerError("the ledger has no head row (ledger_head): run `ledger db upgrade`")
-            existing: set[uuid.UUID] = set()
-            if check_existing:
-                found = await conn.fetch(_STORED_IDS, [e.event_id for e in batch])
-                existing = {uuid.UUID(str(row[0])) for row in found}
-            rows, last = build_rows(
-                batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
+        """Lock and read the head, insert the batch's new events after it and move it (inside a transaction)."""
+        head = await conn.fetchrow(_READ_HEAD)  # the lock and the tail, one statement
+        if head is None:
+            raise LedgerError("the ledger has no head row (ledger_head): run `ledger db upgrade`")
+        existing: set[uuid.UUID] = set()
+        if check_existing:
+            found = await conn.fetch(_STORED_IDS, [e.event_id for e in batch])
+            existing = {uuid.UUID(str(row[0])) for row in found}
+        rows, last = build_rows(
+            batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
+        )
+        if rows:
+            position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
+            await conn.execute(
+                _INSERT_EVENTS,
+                position,
+                event_id,
+                type_,
+                stream,
+                occurred_at,
+                recorded_at,
+                payload,
+                hashes,
+                last,
+                hashes[-1],
             )
-            if rows:
-                position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
-                await conn.execute(
-                    _INSERT_EVENTS,
-                    position,
-                    event_id,
-                    type_,
-                    stream,
-                    occurred_at,
-                    recorded_at,
-                    payload,
-                    hashes,
-                    last,
-                    hashes[-1],
-                )
         return len(rows), len(batch) - len(rows), last
+
+
+class PostgresStream:
+    """One PostgreSQL transaction for many batches (`PostgresAppender.stream`); `close` ends it either way."""
+
+    def __init__(self, appender: PostgresAppender, steps: asyncio.Queue[_Step | None]) -> None:
+        self._appender = appender
+        self._steps = steps
+        self._closed = False
+
+    async def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        if self._closed:
+            raise RuntimeError("the append stream is closed")
+        return await self._appender._ask(self._steps, fn, *args)
+
+    async def add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
+        """(appended, duplicates, last position) of one batch, chained after the stream's earlier ones."""
+        return await self.call(self._appender._stream_add, batch, recorded_at)
+
+    async def commit(self) -> None:
+        await self.call(self._appender._stream_commit)
+
+    def close(self) -> None:
+        """Give the appender's loop back; a transaction not committed by then is rolled back first."""
+        if not self._closed:
+            self._closed = True
+            self._appender._loop.call_soon_threadsafe(self._steps.put_nowait, None)
+
+
+async def _run_all(queue: asyncio.Queue[_Step | None]) -> None:
+    """Each step of `queue` in turn until None; a step's outcome goes to its caller's loop."""
+    while (step := await queue.get()) is not None:
+        fn, args, caller, done = step
+        try:
+            result, error = await fn(*args), None
+        except BaseException as exc:  # handed to the caller
+            result, error = None, exc
+        if caller is not None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
+                caller.call_soon_threadsafe(settle, done, result, error)
 
 
 def _is_unavailable(exc: BaseException) -> bool:

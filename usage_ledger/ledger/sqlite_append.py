@@ -15,29 +15,30 @@ producer waiting on it. The appender still checkpoints inline if the background 
 The write lock is polled for every `_LOCK_POLL_S` rather than left to SQLite's busy handler,
 which sleeps 1, 2, 5, 10, 15 ms... between tries: behind another writer (the projection follower)
 holding the lock for 2 ms, an append waited 3 or 8 ms, and strict-mode responses with it.
+
+A stream (`stream`: `ledger import`'s file) is one write transaction over many batches, each chained
+by the same `_insert`; the thread is lent to it (`_thread.Loan`) from BEGIN to COMMIT or ROLLBACK, so
+no other append of this process lands inside it, and other processes wait for the write lock as long.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import queue
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import NoReturn, TypeVar, cast
 
 from usage_ledger.ledger._rows import EVENT_COLUMNS, build_rows
+from usage_ledger.ledger._thread import Loan, ThreadConnection
 from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import NewEvent
 from usage_ledger.ledger.schema import sqlite_time
 
-__all__ = ("SqliteAppender", "SqliteWrite")
+__all__ = ("SqliteAppender", "SqliteStream", "SqliteWrite")
 
 T = TypeVar("T")
 SqliteWrite = Callable[[sqlite3.Connection], object]
@@ -65,97 +66,14 @@ _WAL_KEPT_BYTES = 64 << 20
 read held on to (a full disk's WAL ate what was freed) is given back even when no TRUNCATE got through."""
 _WAL_RESTART_WAIT_MS = 100
 _CACHE_KIB = -65536  # negative: KiB, as SQLite's PRAGMA cache_size takes it
+_STREAM_CACHE_KIB = -16384
+"""A stream's cache: its dirty pages are held until COMMIT, so a full 64 MiB cache was 43 MiB more peak RSS
+for a file of 150,000 rows (`bench/import_memory.py`), and no faster."""
 _LOCK_POLL_S = 0.0002
 _LOCK_TIMEOUT_S = 30.0
 
 
-_Job = tuple[
-    Callable[..., Any], tuple[Any, ...], "asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | Future[Any]"
-]
-
-
-class _ThreadConnection:
-    """One `sqlite3` connection, opened lazily and used only on this object's own thread.
-
-    Work reaches the thread through a plain queue and its result comes back to the event loop with
-    one `call_soon_threadsafe`. `run_in_executor` on a `ThreadPoolExecutor` chained a
-    `concurrent.futures.Future` to an asyncio one through a condition variable and callbacks on
-    both sides: ≈ 8% of the gateway's CPU per non-stream call, which appends twice (an estimate
-    from a throwaway driver, not a project command: docs/BENCHMARKS.md, Gateway, fifth session).
-    """
-
-    def __init__(self, path: str, synchronous: str, thread_name: str) -> None:
-        self.path = path
-        self.synchronous = synchronous
-        self._conn: sqlite3.Connection | None = None
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._closed = False
-        # a daemon: a database never disposed must not keep the interpreter from exiting
-        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
-        self._thread.start()
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the thread. Cancelling the caller does not stop the work, queued or started:
-        an append the caller gave up on may still commit, as one already running always could."""
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name} is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-        self._jobs.put((fn, args, loop, future))
-        return await future
-
-    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
-        """`fn(*args)` on the thread, from any thread (no event loop needed)."""
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name} is closed")
-        future: Future[T] = Future()
-        self._jobs.put((fn, args, None, future))
-        return future
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, args, loop, future = job
-            if loop is None and not cast("Future[Any]", future).set_running_or_notify_cancel():
-                continue  # a `_submit` future cancelled while queued: skipped, as an executor would
-            try:
-                result, error = fn(*args), None
-            except BaseException as exc:  # handed to the caller, as an executor would
-                result, error = None, exc
-            if loop is None:
-                _settle(cast("Future[Any]", future), result, error)
-            else:
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
-                    loop.call_soon_threadsafe(_settle, future, result, error)
-
-    def _stop(self) -> None:
-        """Close the connection on its thread, then end the thread."""
-        if self._closed:
-            return
-        self._submit(self._reset).result()
-        self._closed = True
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _reset(self) -> None:
-        """Forget the connection (on its thread); the next use reconnects."""
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            finally:
-                self._conn = None
-
-
-def _settle(future: asyncio.Future[Any] | Future[Any], result: Any, error: BaseException | None) -> None:
-    """Give `future` its outcome unless its caller already gave up on it (cancelled)."""
-    if future.cancelled():
-        return
-    if error is None:
-        future.set_result(result)
-    else:
-        future.set_exception(error)
-
-
-class _Checkpointer(_ThreadConnection):
+class _Checkpointer(ThreadConnection):
     """Runs `PRAGMA wal_checkpoint(PASSIVE)` on its own thread; requests coalesce."""
 
     def __init__(self, path: str, synchronous: str) -> None:
@@ -206,7 +124,7 @@ class _Checkpointer(_ThreadConnection):
             conn.execute("PRAGMA busy_timeout=30000")
 
 
-class SqliteAppender(_ThreadConnection):
+class SqliteAppender(ThreadConnection):
     """Owns one `sqlite3` connection on one thread; `append` runs a whole batch there."""
 
     def __init__(self, path: str, synchronous: str = "FULL") -> None:
@@ -235,6 +153,16 @@ class SqliteAppender(_ThreadConnection):
         """
         return await self._call(self._transaction, work, "write", durable)
 
+    async def stream(self) -> SqliteStream:
+        """A write transaction for many batches, begun (the write lock held) before this returns."""
+        loan = self.lend(self._stream_end)
+        try:
+            await loan.call(self._stream_begin)
+        except BaseException:
+            loan.end()
+            raise
+        return SqliteStream(self, loan)
+
     def close(self) -> None:
         self._stop()
         if self._checkpointer is not None:
@@ -262,6 +190,11 @@ class SqliteAppender(_ThreadConnection):
         self, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
     ) -> tuple[int, int, int]:
         rows, last = self._transaction(lambda conn: self._insert(conn, batch, blobs, recorded_at), "append")
+        self._written(rows, blobs)
+        return len(rows), len(batch) - len(rows), last
+
+    def _written(self, rows: list[tuple[object, ...]], blobs: Sequence[PreparedBlob]) -> None:
+        """Count what went to the WAL; ask for a background checkpoint every `_CHECKPOINT_BYTES`."""
         if self._checkpointer is not None:
             self._unchecked_bytes += (
                 _COMMIT_OVERHEAD
@@ -272,7 +205,48 @@ class SqliteAppender(_ThreadConnection):
             if self._unchecked_bytes >= _CHECKPOINT_BYTES:
                 self._unchecked_bytes = 0
                 self._checkpointer.request()
+
+    def _stream_begin(self) -> None:
+        try:
+            conn = self._connection()
+            # a stream's pages stay dirty until its COMMIT: beyond this many they spill to the WAL
+            conn.execute(f"PRAGMA cache_size={_STREAM_CACHE_KIB}")
+            _begin(conn)
+        except sqlite3.Error as exc:
+            self._reset()
+            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+
+    def _stream_insert(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
+        conn = self._stream_conn()
+        try:
+            rows, last = self._insert(conn, batch, (), recorded_at)
+        except BaseException as exc:
+            self._undo(conn, exc, "append")  # the whole stream: none of its batches stays
+        self._written(rows, ())
         return len(rows), len(batch) - len(rows), last
+
+    def _stream_commit(self) -> None:
+        conn = self._stream_conn()
+        try:
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            self._undo(conn, exc, "append")
+
+    def _stream_end(self) -> None:
+        """Last on a loan: a stream neither committed nor undone yet (its caller failed or gave up) rolls back."""
+        if self._conn is None:
+            return
+        try:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            self._conn.execute(f"PRAGMA cache_size={_CACHE_KIB}")
+        except sqlite3.Error:
+            self._reset()  # closing the connection rolls back too; the next use reconnects with the ledger's cache
+
+    def _stream_conn(self) -> sqlite3.Connection:
+        if self._conn is None or not self._conn.in_transaction:
+            raise LedgerError(f"append to SQLite ledger {self.path} failed: the stream's transaction has ended")
+        return self._conn
 
     def _insert(
         self, conn: sqlite3.Connection, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob], recorded_at: datetime
@@ -319,15 +293,7 @@ class SqliteAppender(_ThreadConnection):
             result = work(conn)
             conn.execute("COMMIT")
         except BaseException as exc:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                self._reset()
-            if isinstance(exc, sqlite3.OperationalError):
-                raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
-            if isinstance(exc, sqlite3.Error):
-                raise LedgerError(f"{what} to SQLite ledger {self.path} failed: {exc}") from exc
-            raise
+            self._undo(conn, exc, what)
         finally:
             if not durable and self._conn is not None:
                 try:
@@ -335,6 +301,18 @@ class SqliteAppender(_ThreadConnection):
                 except sqlite3.Error:
                     self._reset()  # the next use reconnects with the ledger's setting
         return result
+
+    def _undo(self, conn: sqlite3.Connection, exc: BaseException, what: str) -> NoReturn:
+        """ROLLBACK after `exc`, then raise it: SQLite's errors as the ledger's, anything else as it is."""
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            self._reset()
+        if isinstance(exc, sqlite3.OperationalError):
+            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        if isinstance(exc, sqlite3.Error):
+            raise LedgerError(f"{what} to SQLite ledger {self.path} failed: {exc}") from exc
+        raise exc
 
     def _existing(self, conn: sqlite3.Connection, ids: list[uuid.UUID]) -> set[uuid.UUID]:
         found: set[uuid.UUID] = set()
@@ -357,3 +335,22 @@ def _begin(conn: sqlite3.Connection) -> None:
             if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
                 raise
         time.sleep(_LOCK_POLL_S)
+
+
+class SqliteStream:
+    """One write transaction on SQLite for many batches (`SqliteAppender.stream`); `close` ends it either way."""
+
+    def __init__(self, appender: SqliteAppender, loan: Loan) -> None:
+        self._appender = appender
+        self._loan = loan
+
+    async def add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
+        """(appended, duplicates, last position) of one batch, chained after the stream's earlier ones."""
+        return await self._loan.call(self._appender._stream_insert, batch, recorded_at)
+
+    async def commit(self) -> None:
+        await self._loan.call(self._appender._stream_commit)
+
+    def close(self) -> None:
+        """Give the thread back; a transaction not committed by then is rolled back first."""
+        self._loan.end()

@@ -1,13 +1,16 @@
-"""`ledger import`'s file readers: JSONL lines and CSV records as (line, bytes consumed, fields or a reason).
+"""The one reader of imported files (`ledger import`; `labels import` and `returns import` read CSV with it).
 
-A line longer than `MAX_LINE_BYTES` is a bad row, read no further than that (never held).
+Rows come as (line, bytes consumed, the row or an error reason): JSONL lines, CSV records. A line
+longer than `MAX_LINE_BYTES` is a bad row, read no further than that (never held); bytes that are not
+UTF-8 make a bad row too. The callers add the file's name: `file:line: reason`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,11 +18,13 @@ import msgspec
 
 from usage_ledger.projections.errors import ProjectionError
 
-__all__ = ("MAX_LINE_BYTES", "Format", "csv_rows", "detect_format", "jsonl_rows")
+__all__ = ("MAX_LINE_BYTES", "Format", "Record", "csv_records", "csv_rows", "detect_format", "jsonl_rows")
 
 Format = Literal["jsonl", "csv"]
 MAX_LINE_BYTES = 1024 * 1024
 """A row (JSONL line, CSV record) longer than this is a bad row: a call's fields fit in far less."""
+Record = tuple[int, int, list[str] | str]
+"""A CSV record: (line, bytes consumed, its cells or an error reason)."""
 
 
 def _lines(handle: io.BufferedReader) -> Iterator[tuple[bytes, bool]]:
@@ -51,41 +56,86 @@ def jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, 
         yield number, consumed, value if isinstance(value, dict) else "expected a JSON object"
 
 
-def csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
+def csv_records(handle: io.BufferedReader) -> Generator[Record, None, None]:
+    """The header, then every non-blank record: (line, bytes consumed, cells or an error reason).
+
+    The header comes first, as line 1, its names stripped; an empty file yields nothing, and a header
+    that cannot be read (invalid CSV, not UTF-8, a line over the cap) is a reason that ends the file.
+    Each record after it has as many cells as the header, in valid UTF-8, or is a reason.
+    """
     # surrogateescape: a stray non-UTF-8 byte becomes a row error on its own line, not a traceback
     text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
     try:
-        yield from _csv_records(csv.reader(text))
+        yield from _records(handle, text)
     finally:
         text.detach()  # the caller owns (and closes) the binary handle
 
 
-def _csv_records(reader: Any) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    try:
-        header = next(reader)
-    except StopIteration:
-        return
-    if not _is_utf8(header):
-        yield 1, 0, "the header row is not valid UTF-8; save the file as UTF-8"
-        return
-    consumed = 0
+def _records(handle: io.BufferedReader, text: io.TextIOWrapper) -> Iterator[Record]:
+    too_long: list[int] = []  # lines over the cap, given to the CSV reader as blank lines
+    reader = csv.reader(_capped(text, too_long))
+    header: list[str] | None = None
     while True:
-        line = reader.line_num + 1
+        first = reader.line_num + 1
         try:
             cells = next(reader)
         except StopIteration:
             return
         except csv.Error as exc:
-            yield line, consumed, f"invalid CSV: {exc}"
+            cells, reason = [], f"invalid CSV: {exc}"
+        else:
+            reason = ""
+        if too_long and too_long[-1] >= first:
+            reason = f"line longer than {MAX_LINE_BYTES:,} bytes"
+            first = too_long[-1]
+        if header is None:
+            if not reason and not _is_utf8(cells):
+                reason = "the header row is not valid UTF-8; save the file as UTF-8"
+            yield 1, handle.tell(), reason or [name.strip() for name in cells]
+            if reason:
+                return
+            header = cells
             continue
-        consumed += sum(len(c) + 1 for c in cells)
-        if not any(c.strip() for c in cells):
+        if reason:
+            yield first, handle.tell(), reason
+        elif not any(c.strip() for c in cells):
             continue
-        if not _is_utf8(cells):
-            yield line, consumed, "not valid UTF-8; save the file as UTF-8"
-            continue
-        if len(cells) != len(header):
-            yield line, consumed, f"expected {len(header)} columns, got {len(cells)}"
+        elif not _is_utf8(cells):
+            yield first, handle.tell(), "not valid UTF-8; save the file as UTF-8"
+        elif len(cells) != len(header):
+            yield first, handle.tell(), f"expected {len(header)} columns, got {len(cells)}"
+        else:
+            yield first, handle.tell(), cells
+
+
+def _capped(text: io.TextIOWrapper, too_long: list[int]) -> Iterator[str]:
+    """The file's lines for `csv.reader`; one over `MAX_LINE_BYTES` is read no further, noted, and given as blank."""
+    number = 0
+    while line := text.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(line) > MAX_LINE_BYTES and not line.endswith(("\n", "\r")):
+            while (rest := text.readline(MAX_LINE_BYTES)) and not rest.endswith(("\n", "\r")):
+                pass
+            too_long.append(number)
+            line = "\n"
+        yield line
+
+
+def csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
+    """`ledger import`'s fields per CSV record: empty cells left out, `tag.<name>` columns as `tags`."""
+    with contextlib.closing(csv_records(handle)) as records:
+        yield from _fields(records)
+
+
+def _fields(records: Iterator[Record]) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
+    line, consumed, header = next(records, (0, 0, ""))
+    if isinstance(header, str):
+        if header:
+            yield line, consumed, header
+        return
+    for line, consumed, cells in records:
+        if isinstance(cells, str):
+            yield line, consumed, cells
             continue
         fields: dict[str, Any] = {}
         tags: dict[str, str] = {}

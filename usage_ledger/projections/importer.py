@@ -1,8 +1,9 @@
 """`ledger import`: historical calls from JSONL or CSV files (DESIGN §6), one `call.imported` each.
 
 - Streamed, in two passes (`import_file`): the first validates every row and checks it against the
-  ledger, the second appends, a batch at a time, so memory holds a batch and not the file. A bad row
-  means nothing of the file is imported, unless `skip_invalid`.
+  ledger, the second appends, a batch at a time, so memory holds a batch and not the file. Atomic per
+  file: the second pass is one transaction, and a bad row means nothing of the file is imported,
+  unless `skip_invalid`.
 - Identity comes from content, never from the file name or `--source`: an event id is a UUIDv5
   over the row's canonical content (sorted keys) and its occurrence number among identical rows of
   the file. Re-importing the same file, or a renamed copy, adds nothing; a row without `call_id`
@@ -23,52 +24,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import math
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Literal
 
 import msgspec
 
-from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.counts import count_problem
+from usage_ledger.ledger.append import AppendResult, AppendStream, appending, translate_db_error
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, NewEvent, new_event
 from usage_ledger.projections._import_identity import NAMESPACE, content_event_id, reconcile_with_ledger
+from usage_ledger.projections._import_record import RowError, parse_record
 from usage_ledger.projections._import_rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows
 from usage_ledger.projections.errors import ImportFailed, ProjectionError
 
 __all__ = ("MAX_LINE_BYTES", "ImportResult", "RowError", "import_file", "parse_file", "parse_record")
 
 Progress = Callable[[int, int], None]
-_KNOWN = frozenset(
-    {
-        "started_at",
-        "finished_at",
-        "elapsed_s",
-        "input_tokens",
-        "output_tokens",
-        "run",
-        "ticker",
-        "model",
-        "ttft_s",
-        "status",
-        "tags",
-        "call_id",
-        "finish_reason",
-    }
-)
 _canonical = msgspec.json.Encoder(order="sorted")
-_MAX_TEXT = 255
 _LONG_CALL = timedelta(days=1)
 _LONG_RUN = timedelta(days=7)
-
-
-class RowError(ValueError):
-    """One invalid row: the reason (the caller adds `file:line`)."""
 
 
 class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,154 +61,9 @@ class ImportResult(msgspec.Struct, frozen=True, kw_only=True):
     """Rows imported as given whose spans are unlikely (`file:line: reason`)."""
 
 
-def _time(value: Any, field: str, text_numbers: bool = True) -> datetime:
-    if isinstance(value, bool):
-        raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {value!r}")
-    if isinstance(value, int | float):
-        if not math.isfinite(value):
-            raise RowError(f"{field}: epoch seconds must be finite")
-        try:
-            return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=value)
-        except OverflowError:
-            raise RowError(f"{field}: epoch seconds {value!r} out of range") from None
-    if not isinstance(value, str):
-        raise RowError(f"{field}: expected ISO 8601 with offset or epoch seconds, got {type(value).__name__}")
-    text = value.strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        pass
-    else:
-        if not text_numbers:
-            raise RowError(f"{field}: epoch seconds must be a JSON number, not the string {value!r} (drop the quotes)")
-        return _time(seconds, field)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise RowError(f"{field}: {value!r} is neither ISO 8601 nor epoch seconds") from None
-    if parsed.tzinfo is None:
-        raise RowError(f"{field}: {value!r} has no UTC offset (add Z or +09:00, or give epoch seconds)")
-    try:
-        return parsed.astimezone(UTC)
-    except OverflowError:
-        raise RowError(f"{field}: {value!r} is before 0001-01-01 or after 9999-12-31 in UTC") from None
-
-
-def _count(value: Any, field: str, text_numbers: bool = True) -> int:
-    if isinstance(value, str) and not text_numbers:
-        raise RowError(f"{field}: expected a whole number, got the string {value!r} (drop the quotes)")
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise RowError(f"{field}: expected a whole number, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RowError(f"{field}: expected a whole number, got {value!r}")
-    if value < 0:
-        raise RowError(f"{field}: must be >= 0, got {value}")
-    return value
-
-
-def _seconds(value: Any, field: str, text_numbers: bool = True) -> float:
-    if isinstance(value, str) and not text_numbers:
-        raise RowError(f"{field}: expected seconds as a number, got the string {value!r} (drop the quotes)")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise RowError(f"{field}: expected seconds, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise RowError(f"{field}: expected seconds, got {value!r}")
-    if value < 0:
-        raise RowError(f"{field}: must be >= 0, got {value}")
-    return float(value)
-
-
-def _text(value: Any, field: str) -> str:
-    if not isinstance(value, str):
-        raise RowError(f"{field}: expected a string, got {type(value).__name__}")
-    if not value or len(value) > _MAX_TEXT or any(ord(ch) < 32 for ch in value):
-        raise RowError(f"{field}: must be 1-{_MAX_TEXT} characters without control characters")
-    return value
-
-
-def parse_record(
-    fields: dict[str, Any], *, source: str, line: int, event_id: uuid.UUID, from_text: bool = False
-) -> CallImported:
-    """Validate one row's fields into a `call.imported` body.
-
-    JSON values must have their JSON types (`"input_tokens": "12"` is refused); `from_text` (CSV,
-    where every cell is text) parses numbers from strings, still refusing non-integer counts.
-    """
-    unknown = sorted(set(fields) - _KNOWN)
-    if unknown:
-        raise RowError(f"unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN))}")
-    for required in ("started_at", "input_tokens", "output_tokens"):
-        if fields.get(required) is None:
-            raise RowError(f"missing required field {required}")
-    started = _time(fields["started_at"], "started_at", from_text)
-    finished_raw, elapsed_raw = fields.get("finished_at"), fields.get("elapsed_s")
-    if finished_raw is None and elapsed_raw is None:
-        raise RowError("missing finished_at or elapsed_s (one is required)")
-    finished = _time(finished_raw, "finished_at", from_text) if finished_raw is not None else None
-    if elapsed_raw is not None:
-        elapsed = _seconds(elapsed_raw, "elapsed_s", from_text)
-        try:
-            by_elapsed = started + timedelta(seconds=elapsed)
-        except OverflowError:
-            raise RowError(f"elapsed_s: {elapsed:g} s after started_at is past 9999-12-31") from None
-        if finished is not None and abs((finished - by_elapsed).total_seconds()) > 0.001:
-            raise RowError("finished_at and elapsed_s disagree (give one of them)")
-        finished = finished or by_elapsed
-    assert finished is not None
-    if finished < started:
-        raise RowError("finished_at is before started_at")
-    tags_raw = fields.get("tags") or {}
-    if not isinstance(tags_raw, dict):
-        raise RowError("tags: expected an object of string values")
-    tags = {_text(k, "tags").lower(): _text(v, f"tags.{k}") for k, v in tags_raw.items()}
-    ticker = fields.get("ticker")
-    if ticker is not None:
-        ticker = _text(ticker, "ticker")
-        if tags.get("ticker", ticker) != ticker:
-            raise RowError("ticker and tags.ticker disagree")
-        tags["ticker"] = ticker
-    status_raw = fields.get("status") or "ok"
-    if status_raw not in ("ok", "error"):
-        raise RowError(f"status: expected ok or error, got {status_raw!r}")
-    status: Literal["ok", "error"] = "ok" if status_raw == "ok" else "error"
-    ttft = _seconds(fields["ttft_s"], "ttft_s", from_text) if fields.get("ttft_s") is not None else None
-    if ttft is not None and ttft > (finished - started).total_seconds() + 0.001:
-        raise RowError(f"ttft_s ({ttft:g} s) is longer than the call ({(finished - started).total_seconds():g} s)")
-    call_id = fields.get("call_id")
-    input_tokens = _count(fields["input_tokens"], "input_tokens", from_text)
-    output_tokens = _count(fields["output_tokens"], "output_tokens", from_text)
-    implausible = "; ".join(
-        p for f, v in (("input_tokens", input_tokens), ("output_tokens", output_tokens)) if (p := count_problem(f, v))
-    )
-    return CallImported(
-        call_id=_text(call_id, "call_id") if call_id is not None else f"imp-{event_id.hex}",
-        source=source,
-        line=line,
-        started_at=started,
-        finished_at=finished,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        usage_source="implausible" if implausible else "imported",
-        usage_detail=implausible,
-        run=_text(fields["run"], "run") if fields.get("run") is not None else None,
-        tags=tags,
-        model=_text(fields["model"], "model") if fields.get("model") is not None else None,
-        ttft_s=ttft,
-        status=status,
-        finish_reason=_text(fields["finish_reason"], "finish_reason")
-        if fields.get("finish_reason") is not None
-        else None,
-    )
-
-
 _BATCH = 2000
-"""Rows checked against the ledger, and appended, at a time: memory holds one batch, not the file."""
+"""Rows checked against the ledger, and appended (to the file's one transaction), at a time: memory holds
+one batch, not the file."""
 
 _Row = tuple[int, int, NewEvent | str, uuid.UUID | None]
 """(line, bytes consumed, the row's event or its `file:line: reason` error, its pre-content id when it has one)."""
@@ -379,10 +212,11 @@ async def import_file(
     """Import one file; raises `ImportFailed` on bad rows (appending nothing) unless `skip_invalid`.
 
     Two passes, so memory holds a batch rather than the file: the first validates every row and checks it
-    against the ledger; only then does the second read the file again and append it, `_BATCH` rows a
-    transaction. A bad row anywhere means nothing is appended. A failure during the second pass (the
-    database gone, the process killed) leaves the rows appended so far; the same import again appends
-    the rest and nothing twice (ids come from content).
+    against the ledger; only then does the second read the file again and append it, `_BATCH` rows at a
+    time into one transaction (`ledger.appending`). Atomic per file: a bad row anywhere, or a failure
+    during the second pass (the database gone, the process killed), appends nothing of the file; the
+    same import again appends all of it. Other appenders (a gateway) wait for the second pass to commit:
+    it holds the ledger's write lock (SQLite) or the chain's head (PostgreSQL).
     """
     path = Path(path)
     if not path.is_file():
@@ -394,33 +228,61 @@ async def import_file(
     errors = sorted(checked.errors, key=_line_of)
     if errors and not skip_invalid:
         raise ImportFailed(errors)
-    appended = duplicates = 0
-    batch: list[NewEvent] = []
-    for _, consumed, row, _ in _rows(path, kind, source):
-        if isinstance(row, str) or row.event_id in checked.skip:
-            continue
-        batch.append(row)
-        if len(batch) >= _BATCH:
-            result = await append_events(database, batch)
-            appended, duplicates = appended + result.appended, duplicates + result.duplicates
-            batch = []
-            if progress is not None:
-                progress(size + consumed, 2 * size)
-    if batch:
-        result = await append_events(database, batch)
-        appended, duplicates = appended + result.appended, duplicates + result.duplicates
+    async with appending(database) as stream:
+        await _append_rows(stream, _rows(path, kind, source), checked.skip, progress, size)
     if progress is not None:
         progress(2 * size, 2 * size)
     return ImportResult(
         file=str(path),
         source=source,
         rows=checked.rows,
-        appended=appended,
-        duplicates=checked.stored + duplicates,
+        appended=stream.appended,
+        duplicates=checked.stored + stream.duplicates,
         invalid=len(errors),
         errors=errors,
         warnings=sorted(checked.warnings, key=_line_of),
     )
+
+
+async def _append_rows(
+    stream: AppendStream, rows: Iterator[_Row], skip: set[uuid.UUID], progress: Progress | None, size: int
+) -> None:
+    """The second pass: the rows into `stream`, `_BATCH` at a time, the next batch read while one is appended
+    (on the appender's thread), so the file's transaction, which other appenders wait for, ends sooner."""
+    sending: asyncio.Task[AppendResult] | None = None
+    try:
+        batch: list[NewEvent] = []
+        for _, consumed, row, _ in rows:
+            if isinstance(row, str) or row.event_id in skip:
+                continue
+            batch.append(row)
+            if len(batch) >= _BATCH:
+                sending = await _send(stream, batch, sending)
+                batch = []
+                if progress is not None:
+                    progress(size + consumed, 2 * size)
+        if batch:
+            sending = await _send(stream, batch, sending)
+        if sending is not None:
+            await sending
+    finally:
+        # the pass failed or was cancelled (the transaction is rolled back anyway): no batch left in flight,
+        # and the error raised is the one that ended the pass, not one of the batch's left unread
+        if sending is not None and not sending.done():
+            sending.cancel()
+        elif sending is not None and not sending.cancelled():
+            sending.exception()
+
+
+async def _send(
+    stream: AppendStream, batch: list[NewEvent], before: asyncio.Task[AppendResult] | None
+) -> asyncio.Task[AppendResult]:
+    """`batch` on its way into `stream` once `before` is in (one batch in flight, one being read)."""
+    if before is not None:
+        await before
+    sending = asyncio.create_task(stream.add(batch))
+    await asyncio.sleep(0)  # one turn of the loop: the task hands the batch to the appender before the file is read on
+    return sending
 
 
 def _size(path: Path) -> int:

@@ -15,8 +15,7 @@
 
 from __future__ import annotations
 
-import csv
-import io
+import contextlib
 import math
 import uuid
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ from usage_ledger.ledger.events import (
     new_event,
 )
 from usage_ledger.projections._aggregate import run_filter
+from usage_ledger.projections._import_rows import csv_records
 from usage_ledger.projections.agreement import parse_where
 from usage_ledger.projections.agreement_labels import labels_from_ledger
 from usage_ledger.projections.agreement_text import regex_extractor
@@ -78,46 +78,26 @@ def _content_id(kind: str, rows: Sequence[msgspec.Struct]) -> uuid.UUID:
 
 
 def _rows(path: Path, required: Sequence[str], errors: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line, cells by column) per non-blank row; a header missing a column ends the file with one error."""
+    """(line, stripped cells by column) per good row; a bad row's `file:line: reason` goes to `errors`, and a
+    header missing a column ends the file with one error."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         raise ProjectionError(f"{path}: {exc.strerror or exc}") from exc
-    with handle:
-        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        reader = csv.reader(text)
-        try:
-            header = [name.strip() for name in next(reader)]
-        except StopIteration:
-            errors.append(f"{path}:1: empty file (expected the header {','.join(required)})")
-            return
-        except csv.Error as exc:
-            errors.append(f"{path}:1: invalid CSV: {exc}")
+    with handle, contextlib.closing(csv_records(handle)) as records:
+        _, _, header = next(records, (1, 0, f"empty file (expected the header {','.join(required)})"))
+        if isinstance(header, str):
+            errors.append(f"{path}:1: {header}")
             return
         missing = [name for name in required if name not in header]
         if missing:
             errors.append(f"{path}:1: no column {', '.join(missing)} in the header (it has {', '.join(header)})")
             return
-        while True:
-            line = reader.line_num + 1
-            try:
-                cells = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as exc:
-                errors.append(f"{path}:{line}: invalid CSV: {exc}")
-                continue
-            if not any(cell.strip() for cell in cells):
-                continue
-            try:
-                "".join(cells).encode("utf-8")
-            except UnicodeEncodeError:
-                errors.append(f"{path}:{line}: not valid UTF-8; save the file as UTF-8")
-                continue
-            if len(cells) != len(header):
-                errors.append(f"{path}:{line}: expected {len(header)} columns, got {len(cells)}")
-                continue
-            yield line, dict(zip(header, (cell.strip() for cell in cells), strict=True))
+        for line, _, cells in records:
+            if isinstance(cells, str):
+                errors.append(f"{path}:{line}: {cells}")
+            else:
+                yield line, dict(zip(header, (cell.strip() for cell in cells), strict=True))
 
 
 def _text(value: str, field: str, *, empty: bool = False) -> str:
