@@ -1,7 +1,9 @@
 """Slim views of the events projections fold: only the fields they read, decoded per type.
 
 Decoding a stored payload into these (unknown fields ignored) is several times cheaper than the
-full `ledger.events` union, which matters when a rebuild reads millions of events.
+full `ledger.events` union, which matters when a rebuild reads millions of events. They are `gc=False`
+(decoded JSON holds no reference cycles): the collector no longer walks a page's 50,000 of them on every
+pass (a 100k-call rebuild: CPU 4.1-4.2 -> 4.0 s, its fold alone 2.0 -> 1.5 s).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from usage_ledger.projections.call_rules import NO_USAGE
 __all__ = ("DECODERS", "SFailed", "SFinished", "SImported", "SStarted", "decode_slim")
 
 
-class STimings(msgspec.Struct, frozen=True):
+class STimings(msgspec.Struct, frozen=True, gc=False):
     received: datetime
     upstream_headers: datetime | None = None
     first_token: datetime | None = None
@@ -25,7 +27,7 @@ class STimings(msgspec.Struct, frozen=True):
     finished: datetime | None = None
 
 
-class SUsage(msgspec.Struct, frozen=True):
+class SUsage(msgspec.Struct, frozen=True, gc=False):
     """Counts as stored; a float is read too (the plausibility rule, `ledger.counts`, keeps it out of every sum)."""
 
     prompt_tokens: int | float
@@ -33,7 +35,7 @@ class SUsage(msgspec.Struct, frozen=True):
     cached_tokens: int | float | None = None
 
 
-class SStarted(msgspec.Struct, frozen=True, tag="call.started"):
+class SStarted(msgspec.Struct, frozen=True, gc=False, tag="call.started"):
     call_id: str
     received_at: datetime
     run: str | None = None
@@ -42,7 +44,7 @@ class SStarted(msgspec.Struct, frozen=True, tag="call.started"):
     request_blob: str | None = None
 
 
-class SImported(msgspec.Struct, frozen=True, tag="call.imported"):
+class SImported(msgspec.Struct, frozen=True, gc=False, tag="call.imported"):
     """`call.imported` as the fold reads it: its counts as stored, a float too (`SUsage`)."""
 
     call_id: str
@@ -61,12 +63,12 @@ class SImported(msgspec.Struct, frozen=True, tag="call.imported"):
     usage_source: str = "imported"
 
 
-class SRequestMetrics(msgspec.Struct, frozen=True):
+class SRequestMetrics(msgspec.Struct, frozen=True, gc=False):
     speculative_decoding: Any = None
     """As vLLM sent it (`call_rules.spec_decode_counts` reads it)."""
 
 
-class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
+class SFinished(msgspec.Struct, frozen=True, gc=False, tag="call.finished"):
     call_id: str
     status: int
     timings: STimings
@@ -78,7 +80,7 @@ class SFinished(msgspec.Struct, frozen=True, tag="call.finished"):
     finish_choices: list[int | None] = []
 
 
-class SFailed(msgspec.Struct, frozen=True, tag="call.failed"):
+class SFailed(msgspec.Struct, frozen=True, gc=False, tag="call.failed"):
     call_id: str
     reason: str
     timings: STimings
