@@ -36,7 +36,7 @@ from usage_ledger.ledger.schema import events
 from usage_ledger.projections.decide import decide
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.label_import import extract_labels, import_labels, import_returns
-from usage_ledger.projections.recorded import recorded_returns
+from usage_ledger.projections.recorded import recorded_labels, recorded_returns
 
 SCALE_TEXT = ",".join(SCALE)
 
@@ -171,6 +171,18 @@ async def test_extract_reads_the_stored_answers(database: Database) -> None:
     assert result.between.qwk == pytest.approx(sk_qwk(labels["moe-1"], labels["dense-1"]))
     with pytest.raises(ProjectionError, match="found no label"):
         await extract_labels(database, "moe-2", r"Verdict: (\w+)")
+
+
+async def test_a_new_extraction_withdraws_the_labels_it_no_longer_finds(database: Database) -> None:
+    labels = build_labels()
+    await append_trace(database, labels)
+    await extract_labels(database, "moe-1", EXTRACT)
+    holds = sorted(key for key, label in labels["moe-1"].items() if label == "Hold")
+    assert holds and len(holds) < len(TICKERS)
+    narrower = await extract_labels(database, "moe-1", r"Grade: (Hold)\s*$")
+    assert narrower.appended and narrower.rows == len(TICKERS)
+    assert any("without a label (any earlier one withdrawn)" in w for w in narrower.warnings)
+    assert (await recorded_labels(database, ["moe-1"]))["moe-1"] == dict.fromkeys(holds, "Hold")
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,8 @@ class RunLabels(msgspec.Struct, frozen=True, kw_only=True):
     calls_without_key: int = 0
     timed_out: list[str] = []
     """The answers the extractor gave up on, as `key (call id)`."""
+    unmatched: list[str] = []
+    """The keys whose answers were all read and none holds a label (`no match`): they have none now."""
 
     @property
     def keys(self) -> int:
@@ -178,6 +180,7 @@ async def _run_labels(
     labels: dict[str, str] = {}
     unlabelled: dict[str, int] = {}
     timed_out: list[str] = []
+    unmatched: list[str] = []
     for value, rows in sorted(by_key.items()):
         given_up: list[str] = []
         label, why = await _key_label(conn, rows, extract, given_up)
@@ -186,7 +189,16 @@ async def _run_labels(
             labels[value] = label
         else:
             unlabelled[why] = unlabelled.get(why, 0) + 1
-    return RunLabels(run=run, labels=labels, unlabelled=unlabelled, calls_without_key=without_key, timed_out=timed_out)
+            if why == "no match" and not given_up:
+                unmatched.append(value)
+    return RunLabels(
+        run=run,
+        labels=labels,
+        unlabelled=unlabelled,
+        calls_without_key=without_key,
+        timed_out=timed_out,
+        unmatched=unmatched,
+    )
 
 
 async def labels_from_ledger(

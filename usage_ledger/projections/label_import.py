@@ -174,13 +174,22 @@ async def extract_labels(
     run_gap_s: float = 900.0,
 ) -> Recorded:
     """One `labels.recorded` with the labels `pattern` finds in the run's stored answers (as `ledger agreement
-    --extract`: one label per key, each answer searched for at most `EXTRACT_TIMEOUT_S`)."""
+    --extract`: one label per key, each answer searched for at most `EXTRACT_TIMEOUT_S`). A key whose answers
+    were all read and hold no label is recorded with an empty one, withdrawing what an earlier extraction or
+    file said; a pattern that finds no label at all records nothing (most likely the pattern is wrong)."""
     extractor = regex_extractor(pattern)
     (found,) = await labels_from_ledger(
         database, [run], extractor, key=key, where=parse_where(where), run_gap_s=run_gap_s
     )
     labels = [RecordedLabel(run=run, key=name, label=label) for name, label in sorted(found.labels.items())]
     warnings = [f"{run}: {n} {key}(s) without a label: {why}" for why, n in sorted(found.unlabelled.items())]
+    if labels and found.unmatched:
+        # read, and no label in them: an earlier label of these keys no longer holds (an empty label withdraws it)
+        labels = sorted(
+            [*labels, *(RecordedLabel(run=run, key=name, label="") for name in found.unmatched)],
+            key=lambda item: item.key,
+        )
+        warnings.append(f"{run}: {len(found.unmatched)} {key}(s) recorded without a label (any earlier one withdrawn)")
     if found.timed_out:
         warnings.append(
             f"{run}: the pattern was stopped on {len(found.timed_out)} answer(s): {', '.join(found.timed_out)}"
