@@ -276,7 +276,7 @@ async def test_an_append_that_fails_after_its_bodies_leaves_a_ledger_that_verifi
             pytest.mark.xfail(
                 strict=True,
                 reason="PostgreSQL commits a batch's bodies in their own transaction before its events "
-                "(docs/scaling.md): the body stays, unreferenced (found by tests/soak; docs/RELIABILITY.md, Soak)",
+                "(docs/scaling.md): the body stays, unreferenced (found by tests/soak; docs/RELIABILITY.md, Randomized fault soak)",
             )
         )
     await _seed(database)
