@@ -62,7 +62,7 @@ async def verify(db_url: str, checkpoints: Path, pubkey: Path) -> tuple[list[str
 
     Those are counted apart: on PostgreSQL a body is committed before its event, in its own transaction
     (docs/scaling.md), so a kill or an end durable nowhere between the two leaves one (docs/RELIABILITY.md,
-    Soak). The chain, the checkpoints and every other blob rule must hold."""
+    Randomized fault soak). The chain, the checkpoints and every other blob rule must hold."""
     args = ["--db", db_url, "--checkpoint", str(checkpoints), "--pubkey", str(pubkey), "--format", "json"]
     done = await ledger_cli("verify", *args)
     try:
