@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import structlog
 
+from tests._required import unavailable
 from tests.projections.helpers import append, at, failed, finished, started
 from usage_ledger.cli import main
 from usage_ledger.ledger.db import Database
@@ -43,9 +44,10 @@ def _require_chdb() -> Any:
     try:
         from chdb import session
     except ImportError:
-        if os.environ.get("CI") == "true" or os.environ.get("LEDGER_TEST_REQUIRE_CHDB") == "1":
-            pytest.fail("chdb is missing but CI must run the ClickHouse sink tests: pip install -e '.[dev]'")
-        pytest.skip("the ClickHouse sink tests need chdb (pip install -e '.[dev]')")
+        unavailable(
+            "the ClickHouse sink tests need chdb (pip install -e '.[dev]')",
+            required=os.environ.get("LEDGER_TEST_REQUIRE_CHDB") == "1",
+        )
     return session
 
 
@@ -253,7 +255,7 @@ def test_a_field_of_a_new_type_is_refused() -> None:
 def test_chdb_missing_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "chdb", None)
     monkeypatch.setenv("CI", "true")
-    with pytest.raises(pytest.fail.Exception, match="chdb is missing"):
+    with pytest.raises(pytest.fail.Exception, match=r"need chdb .*must run in CI"):
         _require_chdb()
 
 

@@ -12,12 +12,11 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import httpx
 import msgspec
-import pytest
 
+from tests._required import unavailable
 from tests.gateway import processes
 from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import open_database
@@ -163,13 +162,6 @@ def mounted_tmpfs(directory: Path, size: str) -> Iterator[Path]:
         yield directory
     finally:
         subprocess.run(["umount", "-l", str(directory)], capture_output=True)
-
-
-def unavailable(reason: str) -> NoReturn:
-    """A facility a test needs is missing: fail under CI (CI=true must run it), skip elsewhere."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: this test must run)")
-    pytest.skip(reason)
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests._required import required
 from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.gateway.relay import RelayedGateway
@@ -74,7 +73,7 @@ async def test_serve_starts_on_a_damaged_spool_and_recovers_around_it(
 
 
 def test_a_full_disk_never_leaves_a_torn_record(tmp_path: Path) -> None:
-    with required(), tmpfs(tmp_path / "small", "1m") as small:
+    with tmpfs(tmp_path / "small", "1m") as small:
         kept: list[SpoolRecord] = []
         failures = 0
         with Spool(small) as spool:

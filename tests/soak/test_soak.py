@@ -13,7 +13,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from tests.reliability.helpers import CannotMount, unavailable
+from tests._required import unavailable
+from tests.reliability.helpers import CannotMount
 from tests.soak.cluster import ClusterUnavailable
 from tests.soak.soak import SoakConfig, soak
 
