@@ -67,8 +67,9 @@ class CallsProjection:
 
     @staticmethod
     def partition_key(payload: str) -> str:
-        """A call event's call id (every event of the calls model names one; a row reads only its call's)."""
-        return _key_decoder.decode(payload).call_id
+        """A call event's stream, `call-<call id>` (every event of the calls model names a call; a row reads
+        only its call's events)."""
+        return "call-" + _key_decoder.decode(payload).call_id
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]], unwritten: Sequence[Any] = ()
