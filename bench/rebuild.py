@@ -1,6 +1,6 @@
 """Benchmark: full rebuild of the calls projection vs a plain scan of the events table.
 
-    .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep] [--gaps N]
+    .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep] [--gaps N] [--no-scan]
 
 Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
 unless the database already holds them (--keep reuses it); with `--gaps N` each call.finished names
@@ -9,7 +9,7 @@ each carries vLLM's per-request `metrics` block with its `speculative_decoding` 
 `--enable-per-request-metrics --per-request-spec-decode-metrics summary` sends). Then times:
 
 - scan (iter_events): every event through the ledger's reader (what any consumer must pay);
-- scan (raw columns): SELECT position, type, payload over the whole table;
+- scan (raw columns): SELECT position, type, payload over the whole table (both skipped with `--no-scan`);
 - rebuild: `rebuild_projection("calls")` from position 0 into a new version (the follower's fold over
   every event, pages by position range, rows written a page at a time), digest, promote; its wall
   seconds and CPU seconds (this process's threads and its children: on a shared box the CPU time says
@@ -38,7 +38,7 @@ from sqlalchemy import select
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, PreparedBlob
 from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
-from usage_ledger.ledger.db import open_database
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timings, Usage, new_event
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
@@ -145,6 +145,7 @@ async def main() -> None:
     parser.add_argument(
         "--spec-blocks", action="store_true", help="each call.finished carries vLLM's per-request block"
     )
+    parser.add_argument("--no-scan", action="store_true", help="time the rebuild only, not the two scans")
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -164,29 +165,11 @@ async def main() -> None:
     async with database.engine.connect() as conn:
         head = await head_position(conn)
 
-    t = time.perf_counter()
-    n = 0
-    async for _ in iter_events(database, 0, 20_000):
-        n += 1
-    scan = time.perf_counter() - t
-
-    t = time.perf_counter()
-    m, after = 0, 0
-    while True:
-        async with database.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(events.c.position, events.c.type, events.c.payload)
-                    .where(events.c.position > after)
-                    .order_by(events.c.position)
-                    .limit(20_000)
-                )
-            ).all()
-        if not rows:
-            break
-        m += len(rows)
-        after = rows[-1][0]
-    raw = time.perf_counter() - t
+    scan = raw = float("nan")
+    n = m = 0
+    if not args.no_scan:
+        scan, n = await _scan(database)
+        raw, m = await _scan_raw(database)
 
     t, cpu = time.perf_counter(), _cpu_seconds()
     promoted = await rebuild_projection(database, "calls", workers=args.workers)
@@ -204,6 +187,34 @@ async def main() -> None:
         f"| {backend} | {args.calls:,} (workers {args.workers}) | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild_cpu:.1f} | "
         f"{rebuild / scan:.2f} | {rebuild / raw:.2f} | {rss_mb:.0f} | {child_rss_mb:.0f} |"
     )
+
+
+async def _scan(database: Database) -> tuple[float, int]:
+    t = time.perf_counter()
+    n = 0
+    async for _ in iter_events(database, 0, 20_000):
+        n += 1
+    return time.perf_counter() - t, n
+
+
+async def _scan_raw(database: Database) -> tuple[float, int]:
+    t = time.perf_counter()
+    m, after = 0, 0
+    while True:
+        async with database.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(events.c.position, events.c.type, events.c.payload)
+                    .where(events.c.position > after)
+                    .order_by(events.c.position)
+                    .limit(20_000)
+                )
+            ).all()
+        if not rows:
+            break
+        m += len(rows)
+        after = rows[-1][0]
+    return time.perf_counter() - t, m
 
 
 def _cpu_seconds() -> float:

@@ -176,7 +176,7 @@ async def test_a_rebuild_reports_its_stages_and_progress(tmp_path: Path) -> None
 
 
 async def test_workers_fold_what_one_process_folds(database: Database) -> None:
-    """`workers=N`: N processes, each a hash range of call ids over every page, give the rows one process gives,
+    """`workers=N`: N processes, each a range of the calls' streams, give the rows one process gives,
     with a call's events pages apart (started in one page, retagged and finished in later ones)."""
     await _append_unusual_calls(database)
     await append_plain_calls(database, 120, batch=40)  # starts and ends 40 events apart: several pages of 7
@@ -200,6 +200,21 @@ async def test_workers_fold_what_one_process_folds(database: Database) -> None:
     assert len(stored) == 7 + 120
     by_id = {row.call_id: row for row in stored}
     assert by_id["c00003"].retags == 1 and by_id["c00003"].tags == '{"desk":"x"}'
+
+
+async def test_workers_fold_in_one_process_when_an_event_is_outside_its_calls_stream(database: Database) -> None:
+    """The workers split the events by stream (`call-<id>`); a call event appended to another stream would put
+    one call in two workers, so the version is folded again in this process, to the same rows."""
+    await append_plain_calls(database, 30, batch=10)
+    await append(database, new_event(CallRetagged(call_id="c00004", reason="fix", tags={"desk": "y"}), stream="desk"))
+    one = await rebuild_projection(database, "calls", page_size=7)
+    steps: list[str] = []
+    two = await rebuild_projection(database, "calls", page_size=7, workers=2, stage=steps.append)
+    assert two.digest == one.digest
+    assert steps[1] == f"an event outside its key's stream: folding events into version {two.version} in this process"
+    async with database.engine.connect() as conn:
+        stored = (await conn.execute(select(calls).where(calls.c.version == two.version))).all()
+    assert len(stored) == 30 and {row.call_id: row for row in stored}["c00004"].tags == '{"desk":"y"}'
 
 
 async def test_workers_must_be_one_or_more(database: Database) -> None:

@@ -16,13 +16,16 @@ goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids ar
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 
 from usage_ledger.ledger.events import CallRetagged
-from usage_ledger.projections._slim import SFailed, SFinished, SImported, SStarted
+from usage_ledger.projections._slim import DECODERS, SFailed, SFinished, SImported, SStarted
 from usage_ledger.projections.call_rules import (
     FAILED_END_STATUS,
     IMPLAUSIBLE,
@@ -38,10 +41,12 @@ from usage_ledger.projections.call_rules import (
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
-__all__ = ("FRESH", "CallRow", "fold_call")
+__all__ = ("FRESH", "HANDLED", "CallRow", "decode_calls", "fold_call", "fold_calls")
 
 FRESH = frozenset({"call.started", "call.imported"})
 """Event types that begin a call's row afresh (no stored row needs loading)."""
+HANDLED = frozenset({*FRESH, "call.finished", "call.failed", "call.retagged"})
+"""Event types the calls read model folds."""
 
 _tags_encoder = msgspec.json.Encoder(order="sorted")
 _tags_decoder = msgspec.json.Decoder(dict[str, str])
@@ -199,3 +204,49 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
         return row
     row.last_position = position
     return _derive(row)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a page's decoding or folding (no await inside, no cycle made).
+
+    A page allocates 100,000s of containers that live until it is written: the collector's passes over them
+    were ≈ 6 µs a call, a fifth of the fold path (100k calls, SQLite, `bench/rebuild.py`).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def decode_calls(page: Sequence[tuple[int, str, str]]) -> tuple[list[tuple[int, Any]], list[str]]:
+    """The page's call events as (position, slim event), and the call ids whose first event in the page
+    continues an earlier row (its stored state must be loaded)."""
+    events: list[tuple[int, Any]] = []
+    continuing: list[str] = []
+    seen: set[str] = set()
+    with _collector_paused():
+        for position, type_, payload in page:
+            if type_ not in HANDLED:
+                continue
+            ev = DECODERS[type_].decode(payload)
+            events.append((position, ev))
+            if (call_id := ev.call_id) not in seen:
+                seen.add(call_id)
+                if type_ not in FRESH:
+                    continuing.append(call_id)
+    return events, continuing
+
+
+def fold_calls(events: Sequence[tuple[int, Any]], stored: Mapping[str, CallRow], version: int) -> list[CallRow]:
+    """Fold `decode_calls`' events in position order onto `stored` (the rows of the continuing calls that have
+    one; changed in place); returns the rows the events change, in the order of each call's first event."""
+    rows: dict[str, CallRow | None] = {}
+    with _collector_paused():
+        for position, ev in events:
+            call_id = ev.call_id
+            rows[call_id] = fold_call(rows[call_id] if call_id in rows else stored.get(call_id), ev, version, position)
+    return [row for row in rows.values() if row is not None]

@@ -18,9 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.schema import UTCDateTime
 from usage_ledger.projections._digest_lines import encode_page
-from usage_ledger.projections._slim import decode_slim
 from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
-from usage_ledger.projections.call_fold import FRESH, CallRow, fold_call
+from usage_ledger.projections.call_fold import HANDLED, CallRow, decode_calls, fold_calls
 from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import calls
 
@@ -32,7 +31,6 @@ class _CallKey(msgspec.Struct):
 
 
 _key_decoder = msgspec.json.Decoder(_CallKey)
-_HANDLED = frozenset({"call.started", "call.finished", "call.failed", "call.imported", "call.retagged"})
 _digest_encoder = msgspec.json.Encoder(order="sorted")
 
 _DIGEST_PAGE = 20_000
@@ -64,41 +62,27 @@ class CallsProjection:
     """Calls: one row per call id and version (`call_fold.CallRow`)."""
 
     name = "calls"
-    handles = _HANDLED
+    handles = HANDLED
     table = RowTable(calls)
 
     @staticmethod
     def partition_key(payload: str) -> str:
-        """A call event's call id (every event of the calls model names one; a row reads only its call's)."""
-        return _key_decoder.decode(payload).call_id
+        """A call event's stream, `call-<call id>` (every event of the calls model names a call; a row reads
+        only its call's events)."""
+        return "call-" + _key_decoder.decode(payload).call_id
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]], unwritten: Sequence[Any] = ()
     ) -> list[CallRow]:
         """The rows the page's events change, folded onto their stored state (reads, never writes)."""
-        by_call: dict[str, list[tuple[int, Any]]] = {}
-        for position, type_, payload in page:
-            if type_ not in _HANDLED:
-                continue
-            ev = decode_slim(type_, payload)
-            by_call.setdefault(ev.call_id, []).append((position, ev))
-        if not by_call:
-            return []
-        continuing = [cid for cid, evs in by_call.items() if evs[0][1].__struct_config__.tag not in FRESH]
+        events, continuing = decode_calls(page)
         existing: dict[str, CallRow] = {}
         if continuing:
             recent = {row.call_id: row for row in unwritten}
             # a copy: the unwritten row may still be on its way to the table
             existing = {cid: msgspec.structs.replace(recent[cid]) for cid in continuing if cid in recent}
             existing.update(await self._stored(conn, version, [cid for cid in continuing if cid not in recent]))
-        rows: list[CallRow] = []
-        for call_id, evs in by_call.items():
-            row = existing.get(call_id)
-            for position, ev in evs:
-                row = fold_call(row, ev, version, position)
-            if row is not None:
-                rows.append(row)
-        return rows
+        return fold_calls(events, existing, version)
 
     async def _stored(self, conn: AsyncConnection, version: int, call_ids: list[str]) -> dict[str, CallRow]:
         found: dict[str, CallRow] = {}

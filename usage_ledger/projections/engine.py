@@ -54,6 +54,7 @@ __all__ = (
     "projection_status",
     "read_checkpoint",
     "read_page",
+    "read_streams_page",
     "write_checkpoint",
     "write_rows",
 )
@@ -76,8 +77,9 @@ class Projection(Protocol):
 
     @property
     def partition_key(self) -> Callable[[str], str] | None:
-        """The key an event's payload belongs to, when rows of different keys never read each other's events
-        (a rebuild's workers each fold a hash range of keys); None: folded in one process."""
+        """The key an event's payload belongs to, when rows of different keys never read each other's events:
+        the name of the stream every event of that key is appended to (a rebuild's workers each fold a range
+        of streams, which the database selects); None: folded in one process."""
         ...
 
     async def fold(
@@ -194,6 +196,34 @@ async def read_page(database: Database, after: int, until: int) -> list[tuple[in
             records = await driver.fetch(_READ_PAGE.format(a="$1", b="$2"), after, until)
             return [(r[0], r[1], r[2]) for r in records]
         cursor = await driver.execute(_READ_PAGE.format(a="?", b="?"), (after, until))
+        try:
+            return list(await cursor.fetchall())
+        finally:
+            await cursor.close()
+
+
+async def read_streams_page(
+    database: Database, after: int, until: int, low: str | None, high: str | None
+) -> list[tuple[int, str, str, str]]:
+    """`read_page` of the events whose stream is in [`low`, `high`) (None: unbounded), as (position, type,
+    stream, payload): the database compares the streams, in its own order (a rebuild's worker reads so).
+
+    `stream || ''`: the same comparison, but not one the stream's index can serve; PostgreSQL otherwise
+    ANDed that index's scan of every stream past `low` into each page's read of a position range.
+    """
+    where, params = ["position > {} AND position <= {}"], list[int | str]([after, until])
+    for bound, op in ((low, ">="), (high, "<")):
+        if bound is not None:
+            where.append(f"stream || '' {op} {{}}")
+            params.append(bound)
+    query = f"SELECT position, type, stream, payload FROM ledger_events WHERE {' AND '.join(where)} ORDER BY position"
+    async with database.engine.connect() as conn:
+        driver = (await conn.get_raw_connection()).driver_connection
+        assert driver is not None
+        if conn.dialect.name == "postgresql":
+            records = await driver.fetch(query.format(*(f"${i}" for i in range(1, len(params) + 1))), *params)
+            return [(r[0], r[1], r[2], r[3]) for r in records]
+        cursor = await driver.execute(query.format(*("?" * len(params))), params)
         try:
             return list(await cursor.fetchall())
         finally:

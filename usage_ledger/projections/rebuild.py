@@ -5,11 +5,14 @@ read by position range in large pages, folded, rows written a page per transacti
 checkpoint), computes its digest, appends `projection.promoted` and switches the pointer.
 
 With `workers=N` (N > 1, for a projection whose rows each read only their own key's events: calls, by
-call id) the events up to the head are first folded by N worker processes, each reading every page and
-keeping a hash range of the keys (`zlib.crc32(key) % N`), writing its rows without a checkpoint; once all
-are done the checkpoint is set to that head and `catch_up` folds whatever was appended meanwhile. The fold
-is the same code either way (the digest says so); the workers only split it. How a rebuild grows to 1B
-calls: docs/scaling.md.
+call id) the events up to the head are first folded by N worker processes, each a range of the keys'
+streams (a call's events are all in stream `call-<id>`; the ranges split the streams in N about equal
+parts), which the database selects: a worker reads and decodes only its own calls' events, and writes its
+rows without a checkpoint; once all are done the checkpoint is set to that head and `catch_up` folds
+whatever was appended meanwhile. A worker that finds an event outside its key's stream stops them all and
+the version is folded again in one process (that split would not be by key). The fold is the same code
+either way (the digest says so); the workers only split it. How a rebuild grows to 1B calls:
+docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import uuid
-import zlib
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
@@ -30,7 +32,7 @@ from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import ProjectionPromoted, new_event, utc_now
 from usage_ledger.ledger.read import head_position
-from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.ledger.schema import checkpoints, events
 from usage_ledger.projections.engine import (
     Progress,
     Stage,
@@ -38,7 +40,7 @@ from usage_ledger.projections.engine import (
     ensure_pointer,
     live_version,
     projection_named,
-    read_page,
+    read_streams_page,
     write_checkpoint,
     write_rows,
 )
@@ -89,8 +91,12 @@ async def rebuild_projection(
         await write_checkpoint(conn, name, new_version, 0)
     if workers > 1 and projection.partition_key is not None:
         say(f"folding events into version {new_version} in {workers} worker processes")
-        await fold_in_workers(database, name, new_version, workers, page_size=page_size, progress=progress)
-        say(f"folding events appended meanwhile into version {new_version}")
+        if await fold_in_workers(database, name, new_version, workers, page_size=page_size, progress=progress):
+            say(f"folding events appended meanwhile into version {new_version}")
+        else:
+            say(f"an event outside its key's stream: folding events into version {new_version} in this process")
+            async with database.engine.begin() as conn:
+                await projection.table.drop(conn, new_version)
     else:
         say(f"folding events into version {new_version}")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
@@ -113,24 +119,30 @@ async def rebuild_projection(
 
 async def fold_in_workers(
     database: Database, name: str, version: int, workers: int, *, page_size: int, progress: Progress | None = None
-) -> int:
+) -> int | None:
     """Fold every event up to the head into `version` (empty, checkpoint 0) in `workers` processes, then set
-    its checkpoint to that head; returns it. A worker that fails fails the rebuild (the version is left
-    unpromoted; the next rebuild starts another)."""
+    its checkpoint to that head; returns it, or None (checkpoint left at 0, rows to be dropped) if an event
+    is not in its key's stream. A worker that fails fails the rebuild (the version is left unpromoted; the
+    next rebuild starts another)."""
     async with database.engine.connect() as conn:
         head = await head_position(conn)
+        bounds = await _stream_bounds(conn, workers)
+    ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
     loop = asyncio.get_running_loop()
     # spawn: a fork would copy this process's event loop, threads and open connections
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         parts = [
-            loop.run_in_executor(pool, _fold_part, database.url, name, version, head, part, workers, page_size)
-            for part in range(workers)
+            loop.run_in_executor(pool, _fold_part, database.url, name, version, head, low, high, page_size)
+            for low, high in ranges
         ]
         try:
             for done, finished in enumerate(asyncio.as_completed(parts), start=1):
                 await finished
                 if progress is not None:
                     progress(head * done // workers, head)
+        except _OutsideItsStream:
+            pool.shutdown(wait=True, cancel_futures=True)
+            return None
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
@@ -139,12 +151,31 @@ async def fold_in_workers(
     return head
 
 
-def _fold_part(url: str, name: str, version: int, head: int, part: int, parts: int, page_size: int) -> int:
-    """A worker process: fold the events up to `head` whose key falls in hash range `part` of `parts`."""
-    return asyncio.run(_fold_part_async(url, name, version, head, part, parts, page_size))
+async def _stream_bounds(conn: AsyncConnection, parts: int) -> list[str]:
+    """`parts - 1` streams that split the events in `parts` about equal ranges of streams, in the database's
+    order of them (the one its comparisons use): the k-th range is [bound k-1, bound k)."""
+    count = (await conn.execute(select(func.count()).select_from(events))).scalar_one()
+    bounds: list[str] = []
+    for k in range(1, parts):
+        query = select(events.c.stream).order_by(events.c.stream).limit(1).offset(count * k // parts)
+        bound = (await conn.execute(query)).scalar_one_or_none()
+        if bound is not None:
+            bounds.append(bound)
+    return bounds
 
 
-async def _fold_part_async(url: str, name: str, version: int, head: int, part: int, parts: int, page_size: int) -> int:
+class _OutsideItsStream(Exception):
+    """A worker read an event whose key's stream is not the one it was appended to."""
+
+
+def _fold_part(url: str, name: str, version: int, head: int, low: str | None, high: str | None, page_size: int) -> int:
+    """A worker process: fold the events up to `head` whose stream is in [`low`, `high`)."""
+    return asyncio.run(_fold_part_async(url, name, version, head, low, high, page_size))
+
+
+async def _fold_part_async(
+    url: str, name: str, version: int, head: int, low: str | None, high: str | None, page_size: int
+) -> int:
     projection = projection_named(name)
     key_of = projection.partition_key
     assert key_of is not None
@@ -156,12 +187,15 @@ async def _fold_part_async(url: str, name: str, version: int, head: int, part: i
         writing: asyncio.Task[None] | None = None
         unwritten: Sequence[msgspec.Struct] = ()
         folded = 0
-        reading = asyncio.create_task(read_page(database, 0, min(page_size, head)))
+        reading = asyncio.create_task(read_streams_page(database, 0, min(page_size, head), low, high))
         for after in range(0, head, page_size):
             page = await reading
             if after + page_size < head:  # the next page is read while this one is folded and written
-                reading = asyncio.create_task(read_page(database, after + page_size, min(after + 2 * page_size, head)))
-            mine = [e for e in page if e[1] in handles and zlib.crc32(key_of(e[2]).encode()) % parts == part]
+                until = min(after + 2 * page_size, head)
+                reading = asyncio.create_task(read_streams_page(database, after + page_size, until, low, high))
+            mine = [(position, type_, payload) for position, type_, stream, payload in page if type_ in handles]
+            if any(key_of(payload) != stream for _, type_, stream, payload in page if type_ in handles):
+                raise _OutsideItsStream
             async with database.engine.connect() as conn:
                 rows = await projection.fold(conn, version, mine, unwritten)
             if writing is not None:
@@ -172,6 +206,8 @@ async def _fold_part_async(url: str, name: str, version: int, head: int, part: i
             await writing
         return folded
     finally:
+        if not reading.done():
+            reading.cancel()
         await database.dispose()
 
 
