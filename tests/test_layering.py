@@ -1,5 +1,5 @@
-"""Imports flow one way: gateway → ledger, projections → ledger, ui and otel → projections and ledger; emulator imports
-nothing of ours."""
+"""Imports flow one way: gateway → ledger, projections → ledger, answers → projections, imports → answers, replay →
+gateway and answers, ui and otel → answers; emulator imports nothing of ours."""
 
 from __future__ import annotations
 
@@ -9,14 +9,21 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "usage_ledger"
-LAYERS = {"ledger", "gateway", "projections", "emulator", "migrations", "ui", "otel"}
+LAYERS = {"ledger", "gateway", "projections", "answers", "imports", "replay", "emulator", "migrations", "ui", "otel"}
 ALLOWED = {
     "ledger": set(),
     "gateway": {"ledger"},
-    "projections": {"ledger"},
+    "projections": {"ledger"},  # the read-model engine: tables, folds, follower, rebuild, digest, formulas
+    "answers": {"ledger", "projections"},  # reads the read models to answer questions
+    "imports": {"ledger", "projections", "answers"},  # a writer: appends what files hold
+    "replay": {"ledger", "gateway", "projections", "answers"},  # a writer: a run sent again through the gateway
     "emulator": set(),
-    "ui": {"ledger", "projections"},  # the dashboard reads read models; `cli` hands its routers to the gateway
-    "otel": {"ledger", "projections"},  # exports committed events by the read model's rules; `cli` starts it
+    "ui": {
+        "ledger",
+        "projections",
+        "answers",
+    },  # the dashboard reads read models; `cli` hands its routers to the gateway
+    "otel": {"ledger", "projections", "answers"},  # exports committed events by the read model's rules; `cli` starts it
 }
 
 

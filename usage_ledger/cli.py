@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from litestar import Router
 
+from usage_ledger.answers.api import build_api_routers
 from usage_ledger.commands import demo as demo_commands
 from usage_ledger.commands import gateway as gateway_commands
 from usage_ledger.commands import ledger as ledger_commands
@@ -25,7 +26,6 @@ from usage_ledger.followers import otel_follower_process, projections_follower_p
 from usage_ledger.gateway.serve import Background
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.version import VERSION
-from usage_ledger.projections.api import build_api_routers
 from usage_ledger.settings import Settings
 from usage_ledger.ui.routers import build_ui_routers
 

@@ -31,13 +31,13 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from usage_ledger.answers.callviews import calls_page
 from usage_ledger.gateway.headers import MAX_VALUE
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import RunAnnotated, new_event
 from usage_ledger.ledger.waiting import wait_up_to
-from usage_ledger.projections.callviews import calls_page
 from usage_ledger.projections.errors import NotFound
 from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay

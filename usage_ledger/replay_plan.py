@@ -21,13 +21,13 @@ from datetime import datetime
 import msgspec
 from sqlalchemy import select
 
+from usage_ledger.answers.callviews import iter_calls
 from usage_ledger.gateway.secrets import is_secret_name
 from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import BlobNotFound
 from usage_ledger.ledger.events import CallStarted, decode_event
 from usage_ledger.ledger.schema import blobs, events
-from usage_ledger.projections.callviews import iter_calls
 from usage_ledger.projections.rows import CallView
 
 __all__ = (

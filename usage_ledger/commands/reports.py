@@ -10,33 +10,11 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from usage_ledger.commands.bodies import body_lines
-from usage_ledger.commands.output import print_rows, terminal_width
-from usage_ledger.commands.progress import advance, progress, stage
-from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
-from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
-from usage_ledger.ledger.heap import freeze_startup_heap
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.callviews import get_call
-from usage_ledger.projections.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
-from usage_ledger.projections.engine import (
-    PROJECTIONS,
-    catch_up_all,
-    follow_projections,
-    projection_named,
-    projection_status,
-)
-from usage_ledger.projections.eras import EraRow, eras_report
-from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
-from usage_ledger.projections.export import export_calls, show_call, show_run
-from usage_ledger.projections.formulas import FORMULAS, get_formula
-from usage_ledger.projections.importer import import_file
-from usage_ledger.projections.rebuild import rebuild_projection, set_formula
-from usage_ledger.projections.reports import (
+from usage_ledger.answers.callviews import get_call
+from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
+from usage_ledger.answers.eras import EraRow, eras_report
+from usage_ledger.answers.export import export_calls, show_call, show_run
+from usage_ledger.answers.reports import (
     daily_report,
     parse_zone,
     recompute_report,
@@ -44,6 +22,28 @@ from usage_ledger.projections.reports import (
     tickers_report,
     weekday_mean,
 )
+from usage_ledger.commands.bodies import body_lines
+from usage_ledger.commands.output import print_rows, terminal_width
+from usage_ledger.commands.progress import advance, progress, stage
+from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
+from usage_ledger.commands.support import open_checked, run_command, settings_from_args
+from usage_ledger.imports.importer import import_file
+from usage_ledger.ledger.append import append_events
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
+from usage_ledger.ledger.heap import freeze_startup_heap
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.projections.engine import (
+    PROJECTIONS,
+    catch_up_all,
+    follow_projections,
+    projection_named,
+    projection_status,
+)
+from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
+from usage_ledger.projections.formulas import FORMULAS, get_formula
+from usage_ledger.projections.rebuild import rebuild_projection, set_formula
 from usage_ledger.projections.rows import RunRow
 from usage_ledger.settings import Settings
 

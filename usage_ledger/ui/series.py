@@ -13,8 +13,8 @@ from datetime import datetime
 
 import msgspec
 
+from usage_ledger.answers.compare_latency import tpot_s
 from usage_ledger.ledger.events import ServerSampled
-from usage_ledger.projections.compare_latency import tpot_s
 from usage_ledger.projections.rows import CallView
 
 __all__ = (

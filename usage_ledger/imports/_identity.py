@@ -1,6 +1,6 @@
 """Imported rows' identity: event ids from content, and a row's call id checked against the ledger.
 
-See `projections.importer` for the rules; this module holds the parts that read the ledger.
+See `imports.importer` for the rules; this module holds the parts that read the ledger.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One imported row's fields validated into a `call.imported` body (the rules: `projections.importer`)."""
+"""One imported row's fields validated into a `call.imported` body (the rules: `imports.importer`)."""
 
 from __future__ import annotations
 

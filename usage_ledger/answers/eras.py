@@ -13,9 +13,9 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
+from usage_ledger.answers.filters import NO_FILTER, CallFilter
+from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.filters import NO_FILTER, CallFilter
-from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.rows import RunRow
 
 __all__ = ("EraRow", "eras_report")
