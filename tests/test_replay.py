@@ -35,7 +35,7 @@ from usage_ledger.ledger.events import CallStarted, decode_event
 from usage_ledger.ledger.schema import events
 from usage_ledger.processes import free_port
 from usage_ledger.projections.rows import CallView
-from usage_ledger.replay_plan import max_in_flight, with_model
+from usage_ledger.replay.plan import max_in_flight, with_model
 
 RUN = "moe-night"
 CALLS = 16
