@@ -31,8 +31,8 @@ from usage_ledger.answers.agreement_text import (
     pointer_extractor,
     regex_extractor,
 )
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.ledger import Database
+from usage_ledger.projections import ProjectionError
 
 __all__ = (
     "Agreement",

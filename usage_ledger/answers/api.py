@@ -36,13 +36,21 @@ from usage_ledger.answers.filters import (
     parse_filter,
 )
 from usage_ledger.answers.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.formulas import FORMULAS
-from usage_ledger.projections.recorded import parse_as_of
-from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
-from usage_ledger.projections.settings import ReportSettings
-from usage_ledger.projections.text import projection_text_or_none
+from usage_ledger.ledger import Database
+from usage_ledger.projections import (
+    FORMULAS,
+    CallsPage,
+    CallView,
+    DailyRow,
+    NotFound,
+    ProjectionError,
+    ReportSettings,
+    RunRow,
+    TickerRow,
+    WeekdayRow,
+    parse_as_of,
+    projection_text_or_none,
+)
 
 __all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers", "error_response", "split_runs")
 

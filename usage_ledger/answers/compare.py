@@ -35,15 +35,8 @@ from usage_ledger.answers.audit import audit_run
 from usage_ledger.answers.compare_latency import Latency, Sample, latency_ms, tpot_s
 from usage_ledger.answers.comparison import Comparison, Ratio, RunComparison
 from usage_ledger.answers.reports import runs_report
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import CallFinished
-from usage_ledger.ledger.read import read_events
-from usage_ledger.projections.engine import live_version
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.formulas import FORMULAS
+from usage_ledger.ledger import BlobNotFound, CallFinished, Database, decode_chunk_gaps, read_blob, read_events
+from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, live_version
 from usage_ledger.projections.tables import calls
 
 __all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison", "run_column")

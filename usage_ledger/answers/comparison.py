@@ -11,8 +11,7 @@ from datetime import datetime
 import msgspec
 
 from usage_ledger.answers.compare_latency import Latency
-from usage_ledger.projections.rows import CallsPerTicker
-from usage_ledger.projections.server import ServerBlock
+from usage_ledger.projections import CallsPerTicker, ServerBlock
 
 __all__ = ("Comparison", "Ratio", "RunComparison")
 

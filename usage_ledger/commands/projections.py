@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.answers.filters import CALL_STATUSES
 from usage_ledger.commands import reports, server
 from usage_ledger.commands.agreement import add_agreement_parser
 from usage_ledger.commands.compare import compare_command
 from usage_ledger.commands.decide import add_decide_parsers
 from usage_ledger.commands.support import add_db_option
-from usage_ledger.projections.formulas import FORMULAS
+from usage_ledger.projections import CALL_STATUSES, FORMULAS
 
 __all__ = ("register",)
 

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import msgspec
 from rich.console import Console
 
-from usage_ledger.answers.compare import render_comparison
+from usage_ledger.answers import render_comparison
 from usage_ledger.commands.support import add_db_option, open_checked, run_command
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.replay.run import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
+from usage_ledger.ledger import configure_logging
+from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
 from usage_ledger.settings import load_settings
 
 __all__ = ("register",)

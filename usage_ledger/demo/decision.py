@@ -17,14 +17,14 @@ from urllib.parse import urlencode
 
 from rich.console import Console
 
-from usage_ledger.answers.decide import Decision, decide
+from usage_ledger.answers import Decision, decide
 from usage_ledger.commands.decide import print_decision
 from usage_ledger.commands.ui import DEFAULT_PORT
 from usage_ledger.demo.plan import DemoRun
 from usage_ledger.demo.tables import print_command
 from usage_ledger.emulator import GRADE_SCALE
-from usage_ledger.imports.label_import import Recorded, extract_labels, import_returns
-from usage_ledger.ledger.db import Database
+from usage_ledger.imports import Recorded, extract_labels, import_returns
+from usage_ledger.ledger import Database
 
 __all__ = ("GRADE_PATTERN", "RETURNS_FILE", "SCALE", "print_decision_step", "record_evidence", "synthetic_returns")
 

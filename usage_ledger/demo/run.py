@@ -10,15 +10,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from usage_ledger.answers.reports import runs_report
+from usage_ledger.answers import runs_report
 from usage_ledger.demo.decision import print_decision_step, record_evidence
 from usage_ledger.demo.plan import Box, DemoOptions, demo_plan, repeat_plan
 from usage_ledger.demo.stations import Batch, Station, drive_all, start_station, wait_forever
 from usage_ledger.demo.tables import print_command, print_reports, read_reports
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
-from usage_ledger.ledger.verify import verify_chain
-from usage_ledger.projections.engine import catch_up_all
+from usage_ledger.ledger import open_database, upgrade_database, verify_chain
+from usage_ledger.projections import catch_up_all
 from usage_ledger.workload import TICKERS
 
 __all__ = ("FIRST_SEED", "REPEAT_SEED", "run_demo")

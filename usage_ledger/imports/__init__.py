@@ -8,4 +8,13 @@ and appends through `ledger`; nothing imports it but the CLI.
 
 from __future__ import annotations
 
-__all__ = ()
+from usage_ledger.imports.importer import import_file
+from usage_ledger.imports.label_import import Recorded, extract_labels, import_labels, import_returns
+
+__all__ = (
+    "Recorded",
+    "extract_labels",
+    "import_file",
+    "import_labels",
+    "import_returns",
+)

@@ -24,24 +24,20 @@ from pathlib import Path
 
 import msgspec
 
-from usage_ledger.answers._aggregate import run_filter
-from usage_ledger.answers.agreement import parse_where
-from usage_ledger.answers.agreement_labels import labels_from_ledger
-from usage_ledger.answers.agreement_text import regex_extractor
-from usage_ledger.answers.reports import live_versions
+from usage_ledger.answers import labels_from_ledger, live_versions, parse_where, regex_extractor, run_filter
 from usage_ledger.imports._rows import csv_records
-from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import (
+from usage_ledger.ledger import (
+    Database,
     LabelsRecorded,
     NewEvent,
     RecordedLabel,
     RecordedReturn,
     ReturnsRecorded,
+    append_events,
     new_event,
+    translate_db_error,
 )
-from usage_ledger.projections.errors import ImportFailed, ProjectionError
-from usage_ledger.projections.recorded import parse_as_of
+from usage_ledger.projections import ImportFailed, ProjectionError, parse_as_of
 
 __all__ = (
     "LABELS_STREAM",

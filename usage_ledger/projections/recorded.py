@@ -14,8 +14,7 @@ from datetime import date
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import LabelsRecorded, ReturnsRecorded
+from usage_ledger.ledger import Database, LabelsRecorded, ReturnsRecorded
 from usage_ledger.ledger.schema import events
 
 __all__ = ("Returns", "parse_as_of", "recorded_labels", "recorded_returns")

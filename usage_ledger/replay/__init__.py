@@ -9,4 +9,12 @@ itself and its summary line).
 
 from __future__ import annotations
 
-__all__ = ()
+from usage_ledger.replay.run import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
+
+__all__ = (
+    "DEFAULT_DEADLINE_S",
+    "ReplayOptions",
+    "compare_replay",
+    "describe",
+    "replay_run",
+)

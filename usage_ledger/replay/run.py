@@ -31,19 +31,19 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from usage_ledger.answers.callviews import calls_page
-from usage_ledger.answers.compare import compare_runs
-from usage_ledger.answers.comparison import Comparison
+from usage_ledger.answers import Comparison, calls_page, compare_runs
 from usage_ledger.gateway.headers import MAX_VALUE
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.events import RunAnnotated, new_event
-from usage_ledger.ledger.settings import StorageSettings
-from usage_ledger.ledger.waiting import wait_up_to
-from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.errors import NotFound
+from usage_ledger.ledger import (
+    ConfigError,
+    Database,
+    RunAnnotated,
+    StorageSettings,
+    append_events,
+    new_event,
+    wait_up_to,
+)
+from usage_ledger.projections import NotFound, catch_up_all
 from usage_ledger.replay.gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay.plan import ReplayPlan, ReplayRequest, load_body, plan_replay
 from usage_ledger.replay.upstream import check_upstream

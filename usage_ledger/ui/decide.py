@@ -14,12 +14,8 @@ from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromQuery
 
-from usage_ledger.answers.api import split_runs
-from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, decide
-from usage_ledger.answers.decide_answers import RunAnswer, key_answers
-from usage_ledger.answers.reports import runs_report
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.recorded import parse_as_of
+from usage_ledger.answers import LATENCY_FIGURES, Decision, RunAnswer, decide, key_answers, runs_report, split_runs
+from usage_ledger.projections import ProjectionError, parse_as_of
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.render import Renderer

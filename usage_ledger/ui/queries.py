@@ -13,18 +13,18 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.answers._aggregate import run_filter
-from usage_ledger.answers.callviews import get_call, iter_calls
-from usage_ledger.answers.filters import CALL_STATUSES, NO_FILTER, CallFilter, filter_clauses
-from usage_ledger.answers.reports import live_versions
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import ServerSampled
+from usage_ledger.answers import (
+    NO_FILTER,
+    CallFilter,
+    filter_clauses,
+    get_call,
+    iter_calls,
+    live_versions,
+    run_filter,
+)
+from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, read_blob
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.rows import CallView, RunRow
-from usage_ledger.projections.server import load_samples, samples_of_run
+from usage_ledger.projections import CALL_STATUSES, CallView, NotFound, RunRow, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
 __all__ = (
