@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 EXPORTED = {
+    "demo": ["DemoOptions", "DemoRun", "demo_plan", "repeat_plan", "run_demo"],
     "ledger": [
         "AppendResult",
         "AppendStream",
