@@ -16,12 +16,12 @@ from rich.cells import cell_len
 
 from tests.ledger.helpers import build_ledger
 from tests.projections.helpers import finished, started
+from usage_ledger.answers.reports import runs_report, tickers_report
 from usage_ledger.demo import DemoOptions, demo_plan, repeat_plan
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.verify import verify_chain
-from usage_ledger.projections.reports import runs_report, tickers_report
 from usage_ledger.projections.rows import RunRow, TickerRow
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -26,16 +26,16 @@ from sqlalchemy import select
 
 from tests.gateway import processes
 from tests.gateway.processes import LEDGER, Process
+from usage_ledger.answers.callviews import iter_calls
+from usage_ledger.answers.compare import compare_runs
+from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger.blobs import read_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallStarted, decode_event
 from usage_ledger.ledger.schema import events
 from usage_ledger.processes import free_port
-from usage_ledger.projections.callviews import iter_calls
-from usage_ledger.projections.compare import compare_runs
-from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.rows import CallView
-from usage_ledger.replay_plan import max_in_flight, with_model
+from usage_ledger.replay.plan import max_in_flight, with_model
 
 RUN = "moe-night"
 CALLS = 16

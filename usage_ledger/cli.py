@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from litestar import Router
 
+from usage_ledger.answers import build_api_routers
 from usage_ledger.commands import demo as demo_commands
 from usage_ledger.commands import gateway as gateway_commands
 from usage_ledger.commands import ledger as ledger_commands
@@ -20,14 +21,12 @@ from usage_ledger.commands import otel as otel_commands
 from usage_ledger.commands import projections as projections_commands
 from usage_ledger.commands import replay as replay_commands
 from usage_ledger.commands import ui as ui_commands
-from usage_ledger.emulator import commands as emulator_commands
+from usage_ledger.emulator import register_commands as register_emulator_commands
 from usage_ledger.followers import otel_follower_process, projections_follower_process
 from usage_ledger.gateway.serve import Background
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.version import VERSION
-from usage_ledger.projections.api import build_api_routers
+from usage_ledger.ledger import VERSION, Database
 from usage_ledger.settings import Settings
-from usage_ledger.ui.routers import build_ui_routers
+from usage_ledger.ui import build_ui_routers
 
 __all__ = ("build_parser", "main")
 
@@ -42,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     ledger_commands.register(sub)
     gateway_commands.register(sub, background=_serve_background, api=_read_api, ui=_dashboard)
     projections_commands.register(sub)
-    emulator_commands.register(sub)
+    register_emulator_commands(sub)
     ui_commands.register(sub)
     demo_commands.register(sub)
     replay_commands.register(sub)

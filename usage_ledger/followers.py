@@ -16,7 +16,7 @@ import time
 
 import structlog
 
-from usage_ledger.ledger.db import Database
+from usage_ledger.ledger import Database
 from usage_ledger.processes import stop_process
 
 __all__ = ("follower_process", "otel_follower_process", "projections_follower_process")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from usage_ledger.ledger.waiting import wait_up_to
+from usage_ledger.ledger import wait_up_to
 
 __all__ = ("Child", "free_port", "start_child", "stop_process")
 

@@ -13,10 +13,9 @@ from typing import Any
 import msgspec
 
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import ENV_PREFIX, LogSettings, StorageSettings
-from usage_ledger.otel.settings import OtelSettings
-from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.ledger import ENV_PREFIX, ConfigError, LogSettings, StorageSettings
+from usage_ledger.otel import OtelSettings
+from usage_ledger.projections import ReportSettings
 
 __all__ = ("Settings", "load_settings")
 

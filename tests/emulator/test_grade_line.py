@@ -13,11 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.emulator.shapes import parse_sse
+from usage_ledger.answers.agreement_stats import quadratic_weighted_kappa
 from usage_ledger.emulator import profile_config, running_emulator
 from usage_ledger.emulator.commands import add_arguments, build_config
 from usage_ledger.emulator.grades import GRADE_SCALE, GRADE_WEIGHTS, LEANING, grade_of
 from usage_ledger.emulator.tokenizer import Answer, count_tokens, lead_pieces
-from usage_ledger.projections.agreement_stats import quadratic_weighted_kappa
 
 GRADED = profile_config("moe", speed=1000.0, grade_line=True)
 GRADE = re.compile(r"^Grade: (.+?) *\n\n")

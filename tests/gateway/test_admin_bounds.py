@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import make_settings, rigged
+from usage_ledger.answers.api import MAX_LIMIT, MAX_OFFSET, build_api_routers
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.read import head_position
-from usage_ledger.projections.api import MAX_LIMIT, MAX_OFFSET, build_api_routers
 from usage_ledger.projections.engine import catch_up_all
 
 AUTH = {"authorization": "Bearer s3cret"}

@@ -13,13 +13,13 @@ import pytest
 
 from tests.gateway.conftest import make_settings
 from tests.projections.fit_seed import AUTO_1, AUTO_2, seed_fit_ledger
+from usage_ledger.answers.api import build_api_routers
+from usage_ledger.answers.filters import STATUS_PATTERN
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
-from usage_ledger.projections.api import build_api_routers
-from usage_ledger.projections.filters import STATUS_PATTERN
 from usage_ledger.projections.settings import ReportSettings
 
 AUTH = {"authorization": "Bearer s3cret"}

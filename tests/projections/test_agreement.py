@@ -28,16 +28,16 @@ from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.projections.helpers import append, at, failed, finished, started
 from tests.projections.test_agreement_stats import scipy_rho, sklearn_qwk
+from usage_ledger.answers.agreement import compute_agreement
+from usage_ledger.answers.agreement_labels import labels_from_ledger
+from usage_ledger.answers.agreement_stats import default_scale
+from usage_ledger.answers.agreement_text import regex_extractor
+from usage_ledger.answers.callviews import get_call
 from usage_ledger.cli import main
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, redact_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallImported, new_event
-from usage_ledger.projections.agreement import compute_agreement
-from usage_ledger.projections.agreement_labels import labels_from_ledger
-from usage_ledger.projections.agreement_stats import default_scale
-from usage_ledger.projections.agreement_text import regex_extractor
-from usage_ledger.projections.callviews import get_call
 from usage_ledger.projections.errors import NotFound
 
 EMULATOR_SPEED = 50  # the shared `emulator` fixture (tests/conftest.py)

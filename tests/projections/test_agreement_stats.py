@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from scipy.stats import spearmanr  # type: ignore[import-untyped]
 from sklearn.metrics import cohen_kappa_score  # type: ignore[import-untyped]
 
-from usage_ledger.projections.agreement import compute_agreement, parse_scale
-from usage_ledger.projections.agreement_labels import RunLabels
-from usage_ledger.projections.agreement_stats import default_scale, quadratic_weighted_kappa, spearman
-from usage_ledger.projections.agreement_text import (
+from usage_ledger.answers.agreement import compute_agreement, parse_scale
+from usage_ledger.answers.agreement_labels import RunLabels
+from usage_ledger.answers.agreement_stats import default_scale, quadratic_weighted_kappa, spearman
+from usage_ledger.answers.agreement_text import (
     assistant_text,
     decoded_body,
     json_content,

@@ -6,8 +6,8 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 
 from tests.projections.helpers import append, finished, started
+from usage_ledger.answers.api import build_api_routers
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.api import build_api_routers
 from usage_ledger.projections.engine import catch_up_all
 
 

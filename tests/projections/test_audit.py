@@ -10,9 +10,9 @@ import pytest
 
 from tests.gateway.processes import LEDGER, upgrade
 from tests.projections.helpers import append, at, finished
+from usage_ledger.answers.audit import audit_run
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallStarted, NewEvent, Sampling, ServerSampled, new_event
-from usage_ledger.projections.audit import audit_run
 from usage_ledger.projections.errors import NotFound
 
 CONFIG = {"cache_dtype": "fp8", "enable_prefix_caching": "False", "block_size": "16"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from tests.projections.helpers import append, failed, finished, started
+from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
+from usage_ledger.answers.reports import runs_report, tickers_report
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallRetagged, new_event
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.projections.callviews import calls_page, get_call, iter_calls
-from usage_ledger.projections.reports import runs_report, tickers_report
 
 
 async def test_gateway_call_row(database: Database) -> None:

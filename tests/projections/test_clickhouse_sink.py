@@ -1,4 +1,4 @@
-"""The ClickHouse sink (`projections.clickhouse_sink`): the export loaded into chdb (ClickHouse in-process) with
+"""The ClickHouse sink (`answers.clickhouse_sink`): the export loaded into chdb (ClickHouse in-process) with
 the printed schema, on both backends, and checked against the product's own figures: the calls read model's
 row count, `report runs`, the daily report, every value of every row; a retag re-exported incrementally
 replaces its row (and a stale export loaded again does not bring the old one back)."""
@@ -18,21 +18,21 @@ import structlog
 
 from tests._required import unavailable
 from tests.projections.helpers import append, at, failed, finished, started
-from usage_ledger.cli import main
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import CallFinished, CallImported, CallRetagged, CallStarted, Timings, Usage, new_event
-from usage_ledger.projections.call_rules import FAILED_STATUSES
-from usage_ledger.projections.callviews import calls_page, iter_calls
-from usage_ledger.projections.clickhouse_sink import (
+from usage_ledger.answers.callviews import calls_page, iter_calls
+from usage_ledger.answers.clickhouse_sink import (
     LOW_CARDINALITY,
     NOT_IN_SINK,
     SINK_COLUMNS,
     VERSION_COLUMN,
     clickhouse_schema,
 )
-from usage_ledger.projections.export import export_calls
-from usage_ledger.projections.export_columns import EXPORT_COLUMNS, ExportColumn
-from usage_ledger.projections.reports import daily_report, runs_report
+from usage_ledger.answers.export import export_calls
+from usage_ledger.answers.export_columns import EXPORT_COLUMNS, ExportColumn
+from usage_ledger.answers.reports import daily_report, runs_report
+from usage_ledger.cli import main
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import CallFinished, CallImported, CallRetagged, CallStarted, Timings, Usage, new_event
+from usage_ledger.projections.call_rules import FAILED_STATUSES
 from usage_ledger.projections.rows import CallView
 
 TABLE = "sink.calls"
@@ -241,7 +241,7 @@ def test_the_schema_has_every_export_column_but_in_flight() -> None:
 def test_a_field_of_a_new_type_is_refused() -> None:
     from msgspec import inspect
 
-    from usage_ledger.projections import export_columns
+    from usage_ledger.answers import export_columns
 
     class Later(msgspec.Struct):
         spans: list[int]

@@ -26,16 +26,16 @@ from tests.gateway import processes
 from tests.gateway.processes import LEDGER, Process
 from tests.projections.helpers import finished, started
 from tests.projections.seed import DENSE, MOE, seed_rows, write_jsonl
+from usage_ledger.answers.compare import Comparison, compare_runs, render_comparison
+from usage_ledger.answers.compare_latency import Latency, Sample
+from usage_ledger.imports.importer import import_file
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob, redact_blob
 from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import BlobRedacted, CallFinished, CallStarted, NewEvent, ServerSampled, new_event
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.projections.compare import Comparison, compare_runs, render_comparison
-from usage_ledger.projections.compare_latency import Latency, Sample
 from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.importer import import_file
 
 EMULATOR_SPEED = 2  # the shared `emulator` fixture (tests/conftest.py)
 
@@ -162,7 +162,7 @@ def _in_flight_max(calls: list[Call]) -> int:
 
 
 def _check_run(column: object, calls: list[Call]) -> dict[str, float]:
-    from usage_ledger.projections.compare import RunComparison
+    from usage_ledger.answers.compare import RunComparison
 
     assert isinstance(column, RunComparison)
     wall = _s(max(c.end for c in calls), min(c.start for c in calls))

@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.projections.helpers import append
+from usage_ledger.answers.reports import daily_report, weekday_mean
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, new_event
 from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.reports import daily_report, weekday_mean
 
 
 def _call(cid: str, start: datetime) -> object:

@@ -31,11 +31,11 @@ from tests.projections.decide_trace import (
     write_labels,
     write_returns,
 )
+from usage_ledger.answers.decide import decide
+from usage_ledger.imports.label_import import extract_labels, import_labels, import_returns
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.decide import decide
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
-from usage_ledger.projections.label_import import extract_labels, import_labels, import_returns
 from usage_ledger.projections.recorded import recorded_labels, recorded_returns
 
 SCALE_TEXT = ",".join(SCALE)

@@ -17,11 +17,11 @@ from tests.projections.decide_trace import (
     write_labels,
     write_returns,
 )
+from usage_ledger.answers.api import build_api_routers
+from usage_ledger.answers.decide import decide
+from usage_ledger.imports.label_import import import_labels, import_returns
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.api import build_api_routers
-from usage_ledger.projections.decide import decide
 from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.label_import import import_labels, import_returns
 
 
 async def test_decide_api(database: Database, tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from tests.projections.decide_trace import (
     write_labels,
     write_returns,
 )
+from usage_ledger.answers.decide import decide
 from usage_ledger.cli import main
 from usage_ledger.ledger.db import open_database
-from usage_ledger.projections.decide import decide
 
 SCALE_TEXT = ",".join(SCALE)
 

@@ -12,10 +12,10 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from tests.gateway.processes import LEDGER, upgrade
+from usage_ledger.answers.eras import eras_report
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, RunAnnotated, Timings, Usage, new_event
-from usage_ledger.projections.eras import eras_report
 
 SEOUL = ZoneInfo("Asia/Seoul")
 FIRST_NIGHT = datetime(2026, 1, 5, 21, 0, tzinfo=SEOUL)

@@ -11,8 +11,8 @@ import pytest
 
 from tests.ledger.helpers import build_ledger
 from tests.projections.fit_seed import AUTO_1, AUTO_2, seed_fit_ledger
+from usage_ledger.answers.filters import InvalidFilter, parse_filter, parse_time
 from usage_ledger.cli import main
-from usage_ledger.projections.filters import InvalidFilter, parse_filter, parse_time
 
 SEOUL = ZoneInfo("Asia/Seoul")
 

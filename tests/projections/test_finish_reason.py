@@ -8,13 +8,13 @@ import pytest
 from sqlalchemy import select
 
 from tests.projections.helpers import append, at, failed, finished, started
+from usage_ledger.answers.reports import runs_report
 from usage_ledger.cli import main
+from usage_ledger.imports.importer import import_file
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, new_event
 from usage_ledger.projections.engine import catch_up
-from usage_ledger.projections.importer import import_file
 from usage_ledger.projections.rebuild import rebuild_projection
-from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.tables import calls
 
 

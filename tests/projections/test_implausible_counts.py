@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.projections.helpers import append, at, spec_metrics, started
+from usage_ledger.answers.compare import compare_runs
+from usage_ledger.answers.export import export_calls, show_call
+from usage_ledger.answers.reports import daily_report, runs_report, tickers_report, weekday_mean
 from usage_ledger.ledger.counts import MAX_CALL_TOKENS
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallFinished, CallImported, NewEvent, Timings, Usage, new_event
-from usage_ledger.projections.compare import compare_runs
 from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.export import export_calls, show_call
-from usage_ledger.projections.reports import daily_report, runs_report, tickers_report, weekday_mean
 
 _serial = itertools.count()
 _EXTREME: list[Any] = [0, 1, 1500, MAX_CALL_TOKENS, MAX_CALL_TOKENS + 1, 2**62, 2**63 - 1, 2**63, 2**64, 2**70, -1]

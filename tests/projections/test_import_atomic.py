@@ -13,13 +13,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-import usage_ledger.projections.importer as importer
+import usage_ledger.imports.importer as importer
 from tests.ledger.helpers import allow_inserts, refuse_inserts
+from usage_ledger.imports.importer import import_file
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.read import head_position
 from usage_ledger.ledger.verify import verify_chain
-from usage_ledger.projections.importer import import_file
 
 LEDGER = [sys.executable, "-m", "usage_ledger.cli"]
 ROWS = 1_000
@@ -31,7 +31,7 @@ IMPORT_AND_STALL = textwrap.dedent(
     """
     import sys
     import usage_ledger.commands.reports as reports
-    import usage_ledger.projections.importer as importer
+    import usage_ledger.imports.importer as importer
     from usage_ledger.cli import main
 
     importer._BATCH = int(sys.argv[3])

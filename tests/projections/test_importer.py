@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from usage_ledger.answers.reports import runs_report
+from usage_ledger.imports.importer import MAX_LINE_BYTES, RowError, import_file, parse_record
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import new_event
 from usage_ledger.projections.errors import ImportFailed
-from usage_ledger.projections.importer import MAX_LINE_BYTES, RowError, import_file, parse_record
-from usage_ledger.projections.reports import runs_report
 
 _ID = uuid.UUID(int=1)
 _names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=20)

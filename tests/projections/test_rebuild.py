@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
+from usage_ledger.answers.reports import recompute_report, runs_report
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import (
     CallImported,
@@ -21,7 +22,6 @@ from usage_ledger.ledger.schema import checkpoints
 from usage_ledger.projections.calls import _sqlite_digest, rows_digest
 from usage_ledger.projections.engine import PROJECTIONS, catch_up, projection_status
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
-from usage_ledger.projections.reports import recompute_report, runs_report
 from usage_ledger.projections.tables import calls
 
 

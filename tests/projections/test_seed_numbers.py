@@ -6,9 +6,9 @@ from datetime import datetime
 from pathlib import Path
 
 from tests.projections.seed import DENSE, MOE, SEOUL, seed_rows, write_jsonl
+from usage_ledger.answers.reports import daily_report, runs_report, tickers_report
+from usage_ledger.imports.importer import import_file
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.importer import import_file
-from usage_ledger.projections.reports import daily_report, runs_report, tickers_report
 
 
 async def _load(database: Database, tmp_path: Path) -> None:

@@ -7,12 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.projections.helpers import append, at, failed, finished, started
+from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import NewEvent, ServerSampled, new_event
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.engine import live_version
 from usage_ledger.projections.rebuild import rebuild_projection
-from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.server import Reconciliation, server_block
 
 UPSTREAM = "http://127.0.0.1:8200"

@@ -14,6 +14,7 @@ from sqlalchemy import inspect, select
 
 from tests.projections.helpers import append, at, failed, finished, spec_metrics, started
 from tests.projections.test_server_block import calls_digest, sample
+from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import NewEvent, new_event
 from usage_ledger.ledger.migrate import downgrade_database, upgrade_database
@@ -22,7 +23,6 @@ from usage_ledger.projections.call_rules import SPEC_DECODE_KEYS, spec_decode_co
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.engine import catch_up, write_checkpoint
 from usage_ledger.projections.rebuild import rebuild_projection
-from usage_ledger.projections.reports import runs_report
 from usage_ledger.projections.tables import calls
 
 _serial = itertools.count()

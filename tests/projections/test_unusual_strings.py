@@ -27,6 +27,8 @@ from litestar.testing import AsyncTestClient
 from tests.gateway.live import live_gateway, serving
 from tests.gateway.wire import read_response
 from tests.projections.helpers import T0, append, assert_projections_at_head, at, finished, projection_digests
+from usage_ledger.answers.api import build_api_routers
+from usage_ledger.answers.reports import runs_report, tickers_report
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import CallImported, CallStarted, RunAnnotated, new_event
@@ -34,10 +36,8 @@ from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.annotations import load_annotations
-from usage_ledger.projections.api import build_api_routers
 from usage_ledger.projections.engine import PROJECTIONS, catch_up_all, live_version
 from usage_ledger.projections.rebuild import rebuild_projection
-from usage_ledger.projections.reports import runs_report, tickers_report
 from usage_ledger.projections.text import projection_tags, projection_text
 
 _serial = itertools.count()

@@ -25,8 +25,8 @@ from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
 from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
 from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.imports.importer import parse_file
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.importer import parse_file
 
 # -- X-Ledger-* headers ---------------------------------------------------------------------------
 _tag_names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,63}", fullmatch=True)

@@ -23,10 +23,10 @@ from tests.projections.decide_trace import (
     write_labels,
     write_returns,
 )
+from usage_ledger.answers.decide import decide
+from usage_ledger.imports.label_import import import_labels, import_returns
 from usage_ledger.ledger.db import Database
-from usage_ledger.projections.decide import decide
 from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.label_import import import_labels, import_returns
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.ui.decide import marked
 from usage_ledger.ui.routers import create_ui_app

@@ -13,10 +13,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from usage_ledger.answers import Agreement, agreement_report
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.agreement import Agreement, agreement_report
+from usage_ledger.ledger import Database, configure_logging
 
 __all__ = ("add_agreement_parser", "agreement_command")
 

@@ -1,13 +1,13 @@
-"""`ledger compare RUN RUN [RUN…]`: the command (the work is in `projections.compare`)."""
+"""`ledger compare RUN RUN [RUN…]`: the command (the work is in `answers.compare`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from usage_ledger.answers import compare_runs, render_comparison
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.compare import compare_runs, render_comparison
+from usage_ledger.ledger import configure_logging
 
 __all__ = ("compare_command",)
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.migrate import (
+from usage_ledger.ledger import (
+    ConfigError,
+    configure_logging,
     current_revision,
     database_exists,
     downgrade_database,
     downgrade_steps,
     head_revision,
+    open_database,
     revision_history,
     upgrade_database,
 )

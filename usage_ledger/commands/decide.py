@@ -11,12 +11,12 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from usage_ledger.answers import LATENCY_FIGURES, Decision, GroupFigures, decide
 from usage_ledger.commands.agreement import _width
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.label_import import Recorded, extract_labels, import_labels, import_returns, parse_as_of
+from usage_ledger.imports import Recorded, extract_labels, import_labels, import_returns
+from usage_ledger.ledger import configure_logging
+from usage_ledger.projections import ProjectionError, parse_as_of
 
 __all__ = ("add_decide_parsers",)
 

@@ -9,8 +9,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from usage_ledger.commands.decide import print_decision
 from usage_ledger.commands.output import DEFAULT_WIDTH
 from usage_ledger.commands.support import run_command
+from usage_ledger.commands.ui import DEFAULT_PORT
+from usage_ledger.demo import DemoOptions, run_demo
 
 __all__ = ("register",)
 
@@ -47,8 +50,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from usage_ledger.demo import DemoOptions, run_demo
-
     if not 1 <= args.tickers <= 100 or args.steps < 1 or args.seconds <= 0:
         print("ledger demo: --tickers must be 1..100, --steps ≥ 1 and --seconds > 0", file=sys.stderr)
         return 2
@@ -64,4 +65,4 @@ def _demo(args: argparse.Namespace) -> int:
     # Off a terminal (a pipe, a CI log) rich assumes 80 columns, and the run names were cut to "moe-2…";
     # the tables are laid out for 100, what `report` assumes off a terminal too.
     console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=DEFAULT_WIDTH)
-    return run_command(lambda: run_demo(options, console))
+    return run_command(lambda: run_demo(options, console, print_decision=print_decision, ui_port=DEFAULT_PORT))

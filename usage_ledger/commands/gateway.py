@@ -12,9 +12,7 @@ from collections.abc import Callable, Sequence
 from litestar import Router
 
 from usage_ledger.gateway.serve import Background, serve
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import LedgerError
-from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger import Database, LedgerError, configure_logging
 from usage_ledger.settings import Settings, load_settings
 
 __all__ = ("register",)

@@ -14,23 +14,33 @@ import msgspec
 
 from usage_ledger.commands.db import register_db
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.blobs import blob_redacted_at, redact_blob
-from usage_ledger.ledger.checkpoint import (
+from usage_ledger.ledger import (
+    CLOCK_SKEW,
+    BlobNotFound,
+    BlobRedacted,
+    ConfigError,
+    LedgerError,
+    LedgerReport,
+    Spool,
+    append_events,
+    blob_redacted_at,
+    chain_head,
+    follow_events,
     generate_key,
+    iter_events,
     load_signing_key,
     load_verifier_key,
+    new_event,
+    read_checkpoint_notes,
+    redact_blob,
+    replay_spool,
     sign_checkpoint,
+    snapshot,
+    translate_db_error,
+    verify_ledger,
+    write_checkpoint_file,
     write_key_files,
 )
-from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
-from usage_ledger.ledger.errors import BlobNotFound, ConfigError, LedgerError
-from usage_ledger.ledger.events import BlobRedacted, new_event
-from usage_ledger.ledger.read import follow_events, iter_events
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.verify import CLOCK_SKEW
-from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
-from usage_ledger.ledger.writer import replay_spool
 
 __all__ = ("register",)
 
@@ -218,7 +228,7 @@ def _events_tail(args: argparse.Namespace) -> int:
         try:
             after = args.after
             if after is None:
-                from usage_ledger.ledger.read import head_position
+                from usage_ledger.ledger import head_position
 
                 async with database.engine.connect() as conn:
                     after = max(0, await head_position(conn) - 20)

@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _export_command(args: argparse.Namespace) -> int:
-    from usage_ledger.otel.export import export_once, follow_export, open_exporters
+    from usage_ledger.otel import export_once, follow_export, open_exporters
 
     async def main() -> int:
         exporters = open_exporters()

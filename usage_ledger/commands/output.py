@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections import ProjectionError
 
 __all__ = (
     "DEFAULT_WIDTH",

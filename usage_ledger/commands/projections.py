@@ -10,8 +10,7 @@ from usage_ledger.commands.agreement import add_agreement_parser
 from usage_ledger.commands.compare import compare_command
 from usage_ledger.commands.decide import add_decide_parsers
 from usage_ledger.commands.support import add_db_option
-from usage_ledger.projections.filters import CALL_STATUSES
-from usage_ledger.projections.formulas import FORMULAS
+from usage_ledger.projections import CALL_STATUSES, FORMULAS
 
 __all__ = ("register",)
 

@@ -1,4 +1,4 @@
-"""`ledger replay RUN --upstream URL`: the command around `usage_ledger.replay.replay_run`.
+"""`ledger replay RUN --upstream URL`: the command around `usage_ledger.replay.run.replay_run`.
 
 It owns what a terminal needs: the settings (the replay's own spool beside a running `ledger
 serve`'s), quiet logs under the progress bar, Ctrl-C (the first stops cleanly, a second at once),
@@ -20,26 +20,16 @@ from collections.abc import Iterator
 import msgspec
 from rich.console import Console
 
+from usage_ledger.answers import render_comparison
 from usage_ledger.commands.support import add_db_option, open_checked, run_command
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.compare import compare_runs, render_comparison
-from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, describe, replay_run
+from usage_ledger.ledger import configure_logging
+from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
 from usage_ledger.settings import load_settings
 
 __all__ = ("register",)
 
 CALLS_FAILED = 1
 INTERRUPTED = 130
-
-
-async def _print_comparison(database: Database, run: str, new_run: str, run_gap_s: float, console: Console) -> int:
-    """RUN and NEW_RUN side by side (`ledger compare`); NEW_RUN's failed calls, as the reports count them."""
-    await catch_up_all(database)
-    comparison = await compare_runs(database, [run, new_run], run_gap_s=run_gap_s)
-    console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
-    return next(r.failed_calls for r in comparison.runs if r.run == new_run)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -113,11 +103,19 @@ def _replay_command(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             with _interrupts() as stop:
-                result = await replay_run(database, settings, options, console=Console(stderr=True), stop=stop)
+                result = await replay_run(
+                    database,
+                    options,
+                    gateway_settings=settings.gateway,
+                    storage=settings.storage,
+                    run_gap_s=settings.reports.run_gap_s,
+                    console=Console(stderr=True),
+                    stop=stop,
+                )
             failed = 0
             if result.sent:  # a stop before the first request leaves no run to compare
-                run_gap_s = settings.reports.run_gap_s
-                failed = await _print_comparison(database, result.run, result.new_run, run_gap_s, console)
+                comparison, failed = await compare_replay(database, result, settings.reports.run_gap_s)
+                console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
             summary = describe(result, options.upstream, failed=failed, deadline_s=options.deadline_s)
             console.print(summary, markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length
         finally:

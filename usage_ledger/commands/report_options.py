@@ -6,10 +6,10 @@ import argparse
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from usage_ledger.answers import CallFilter, parse_filter
 from usage_ledger.commands.output import parse_columns
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.projections.filters import CallFilter, parse_filter
-from usage_ledger.projections.rows import CallsPage
+from usage_ledger.ledger import ConfigError
+from usage_ledger.projections import CallsPage
 
 __all__ = ("filters_from_args", "page_line", "page_offset", "table_options")
 

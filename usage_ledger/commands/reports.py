@@ -10,41 +10,53 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
+from usage_ledger.answers import (
+    DEFAULT_TABLE,
+    EraRow,
+    clickhouse_schema,
+    daily_report,
+    eras_report,
+    export_calls,
+    get_call,
+    parse_zone,
+    recompute_report,
+    runs_report,
+    show_call,
+    show_run,
+    tickers_report,
+    weekday_mean,
+)
 from usage_ledger.commands.bodies import body_lines
 from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.progress import advance, progress, stage
 from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.events import CallRetagged, RunAnnotated, new_event
-from usage_ledger.ledger.heap import freeze_startup_heap
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.callviews import get_call
-from usage_ledger.projections.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
-from usage_ledger.projections.engine import (
+from usage_ledger.imports import import_file
+from usage_ledger.ledger import (
+    CallRetagged,
+    ConfigError,
+    Database,
+    RunAnnotated,
+    append_events,
+    configure_logging,
+    freeze_startup_heap,
+    new_event,
+)
+from usage_ledger.projections import (
+    FORMULAS,
     PROJECTIONS,
+    ImportFailed,
+    NotFound,
+    ProjectionError,
+    RunRow,
     catch_up_all,
     follow_projections,
+    get_formula,
     projection_named,
     projection_status,
+    rebuild_projection,
+    set_formula,
 )
-from usage_ledger.projections.eras import EraRow, eras_report
-from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
-from usage_ledger.projections.export import export_calls, show_call, show_run
-from usage_ledger.projections.formulas import FORMULAS, get_formula
-from usage_ledger.projections.importer import import_file
-from usage_ledger.projections.rebuild import rebuild_projection, set_formula
-from usage_ledger.projections.reports import (
-    daily_report,
-    parse_zone,
-    recompute_report,
-    runs_report,
-    tickers_report,
-    weekday_mean,
-)
-from usage_ledger.projections.rows import RunRow
 from usage_ledger.settings import Settings
 
 __all__ = (

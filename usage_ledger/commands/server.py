@@ -8,12 +8,11 @@ import textwrap
 
 import msgspec
 
+from usage_ledger.answers import audit_run, runs_report
 from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.projections.audit import audit_run
-from usage_ledger.projections.reports import runs_report
-from usage_ledger.projections.rows import RunRow
+from usage_ledger.ledger import configure_logging
+from usage_ledger.projections import RunRow
 
 __all__ = ("audit_command", "reconcile_command")
 

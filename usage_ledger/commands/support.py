@@ -10,9 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.errors import LedgerError
-from usage_ledger.ledger.migrate import require_head
+from usage_ledger.ledger import Database, LedgerError, open_database, require_head
 from usage_ledger.settings import Settings, load_settings
 
 __all__ = ("add_db_option", "open_checked", "run_command", "settings_from_args")

@@ -14,11 +14,8 @@ import uvicorn
 from sqlalchemy.engine import make_url
 
 from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.errors import LedgerError
-from usage_ledger.ledger.log import configure_logging
-from usage_ledger.ledger.migrate import require_head
-from usage_ledger.ui.routers import create_ui_app
+from usage_ledger.ledger import LedgerError, configure_logging, open_database, require_head
+from usage_ledger.ui import create_ui_app
 
 __all__ = ("DEFAULT_PORT", "register")
 

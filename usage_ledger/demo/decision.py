@@ -12,19 +12,18 @@ from __future__ import annotations
 import csv
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlencode
 
 from rich.console import Console
 
-from usage_ledger.commands.decide import print_decision
-from usage_ledger.commands.ui import DEFAULT_PORT
+from usage_ledger.answers import Decision, decide
 from usage_ledger.demo.plan import DemoRun
 from usage_ledger.demo.tables import print_command
 from usage_ledger.emulator import GRADE_SCALE
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.decide import Decision, decide
-from usage_ledger.projections.label_import import Recorded, extract_labels, import_returns
+from usage_ledger.imports import Recorded, extract_labels, import_returns
+from usage_ledger.ledger import Database
 
 __all__ = ("GRADE_PATTERN", "RETURNS_FILE", "SCALE", "print_decision_step", "record_evidence", "synthetic_returns")
 
@@ -63,10 +62,18 @@ def _said(what: str, result: Recorded, console: Console) -> None:
 
 
 async def print_decision_step(
-    database: Database, first: list[DemoRun], repeats: list[DemoRun], url: str, console: Console
+    database: Database,
+    first: list[DemoRun],
+    repeats: list[DemoRun],
+    url: str,
+    console: Console,
+    *,
+    print_decision: Callable[[Decision], None],
+    ui_port: int,
 ) -> Decision:
     """`ledger decide` over the two boxes (each its batch and its repetition), how to get it again, and what is
-    synthetic in it."""
+    synthetic in it. `print_decision` prints it as `ledger decide` does, `ui_port` is `ledger ui`'s default
+    port: both the CLI's, passed in by it (the demo imports nothing of the CLI)."""
     group_a = [run.run for run in (first[0], repeats[0])]
     group_b = [run.run for run in (first[-1], repeats[-1])]
     result = await decide(database, group_a, group_b, SCALE)
@@ -82,7 +89,7 @@ async def print_decision_step(
     runs = f"--a {' '.join(group_a)} --b {' '.join(group_b)}"
     print_command(console, f"ledger decide {runs} --scale '{SCALE}' --db {url}")
     query = urlencode({"a": ",".join(group_a), "b": ",".join(group_b), "scale": SCALE}, safe=",")
-    console.print(f"  http://127.0.0.1:{DEFAULT_PORT}/_ledger/ui/decide?{query}", soft_wrap=True, highlight=False)
+    console.print(f"  http://127.0.0.1:{ui_port}/_ledger/ui/decide?{query}", soft_wrap=True, highlight=False)
     console.print(
         "[bold]The grades and returns are synthetic.[/] The emulator's grade line is a seeded draw (Hold-heavy, "
         "like the user's grades), not an analysis of the ticker; the returns are random numbers per ticker, "

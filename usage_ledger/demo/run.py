@@ -6,19 +6,18 @@ import asyncio
 import contextlib
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
+from usage_ledger.answers import Decision, runs_report
 from usage_ledger.demo.decision import print_decision_step, record_evidence
 from usage_ledger.demo.plan import Box, DemoOptions, demo_plan, repeat_plan
 from usage_ledger.demo.stations import Batch, Station, drive_all, start_station, wait_forever
 from usage_ledger.demo.tables import print_command, print_reports, read_reports
-from usage_ledger.ledger.db import open_database
-from usage_ledger.ledger.migrate import upgrade_database
-from usage_ledger.ledger.verify import verify_chain
-from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.reports import runs_report
+from usage_ledger.ledger import open_database, upgrade_database, verify_chain
+from usage_ledger.projections import catch_up_all
 from usage_ledger.workload import TICKERS
 
 __all__ = ("FIRST_SEED", "REPEAT_SEED", "run_demo")
@@ -27,7 +26,11 @@ FIRST_SEED, REPEAT_SEED = 1, 2
 """The requests' sampling seeds (the emulator's grade line follows them): the batches', the repetitions'."""
 
 
-async def run_demo(options: DemoOptions, console: Console) -> int:
+async def run_demo(
+    options: DemoOptions, console: Console, *, print_decision: Callable[[Decision], None], ui_port: int
+) -> int:
+    """The demo (see the package); `print_decision` and `ui_port` are the CLI's `ledger decide` printer and
+    `ledger ui` port, for the last step."""
     url = f"sqlite:///{options.db_path}"
     existed = await asyncio.to_thread(options.db_path.exists)
     database = open_database(url)
@@ -80,7 +83,7 @@ async def run_demo(options: DemoOptions, console: Console) -> int:
         f"ledger ui --db {url}",
     ):
         print_command(console, command)
-    await print_decision_step(database, first, again, url, console)
+    await print_decision_step(database, first, again, url, console, print_decision=print_decision, ui_port=ui_port)
     await database.dispose()
     return 0 if report.ok else 1
 

@@ -11,11 +11,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from usage_ledger.answers import EraRow, daily_report, eras_report, runs_report, tickers_report
 from usage_ledger.demo.plan import DemoOptions, DemoRun
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.eras import EraRow, eras_report
-from usage_ledger.projections.reports import daily_report, runs_report, tickers_report
-from usage_ledger.projections.rows import DailyRow, RunRow, TickerRow
+from usage_ledger.ledger import Database
+from usage_ledger.projections import DailyRow, RunRow, TickerRow
 
 __all__ = ("Reports", "print_command", "print_reports", "read_reports", "show", "table")
 

@@ -76,6 +76,7 @@ another content type is FastAPI's ``"type": "Bad Request"`` with ``param: "body.
 from __future__ import annotations
 
 from usage_ledger.emulator.app import EmulatorApp, create_app
+from usage_ledger.emulator.commands import register as register_commands
 from usage_ledger.emulator.config import PROFILES, EmulatorConfig, profile_config
 from usage_ledger.emulator.engine import Engine, RequestRecord
 from usage_ledger.emulator.faults import Faults, parse_faults
@@ -96,6 +97,7 @@ __all__ = (
     "create_app",
     "parse_faults",
     "profile_config",
+    "register_commands",
     "running_emulator",
     "serve",
     "simulate",

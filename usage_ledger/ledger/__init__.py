@@ -5,8 +5,18 @@ Imports nothing of gateway/ or projections/; they import it.
 
 from __future__ import annotations
 
-from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending
-from usage_ledger.ledger.blobs import blob_hash, read_blob
+from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending, translate_db_error
+from usage_ledger.ledger.blobs import blob_hash, blob_redacted_at, read_blob, redact_blob
+from usage_ledger.ledger.checkpoint import (
+    generate_key,
+    load_signing_key,
+    load_verifier_key,
+    sign_checkpoint,
+    write_key_files,
+)
+from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
+from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps
+from usage_ledger.ledger.counts import count_problem, plausible_count
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import (
     BlobNotFound,
@@ -16,40 +26,121 @@ from usage_ledger.ledger.errors import (
     SchemaError,
     SpoolCorrupt,
 )
-from usage_ledger.ledger.migrate import require_head, upgrade_database
+from usage_ledger.ledger.events import (
+    BlobRedacted,
+    CallFailed,
+    CallFinished,
+    CallImported,
+    CallRetagged,
+    CallStarted,
+    LabelsRecorded,
+    NewEvent,
+    ProjectionPromoted,
+    RecordedLabel,
+    RecordedReturn,
+    ReturnsRecorded,
+    RunAnnotated,
+    ServerSampled,
+    decode_event,
+    new_event,
+    utc_now,
+)
+from usage_ledger.ledger.heap import freeze_startup_heap
+from usage_ledger.ledger.log import configure_logging
+from usage_ledger.ledger.migrate import (
+    current_revision,
+    database_exists,
+    downgrade_database,
+    downgrade_steps,
+    head_revision,
+    require_head,
+    revision_history,
+    upgrade_database,
+)
 from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, iter_events, read_events
-from usage_ledger.ledger.settings import LogSettings, StorageSettings
+from usage_ledger.ledger.settings import ENV_PREFIX, LogSettings, StorageSettings
 from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.verify import ChainReport, verify_chain
+from usage_ledger.ledger.sqlite_append import SqliteWrite
+from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, verify_chain
+from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
+from usage_ledger.ledger.version import VERSION
+from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import EventWriter, replay_spool
 
 __all__ = (
+    "CLOCK_SKEW",
+    "ENV_PREFIX",
+    "VERSION",
     "AppendResult",
     "AppendStream",
     "BlobNotFound",
+    "BlobRedacted",
+    "CallFailed",
+    "CallFinished",
+    "CallImported",
+    "CallRetagged",
+    "CallStarted",
     "ChainReport",
     "ConfigError",
     "Database",
     "DatabaseUnavailable",
     "EventWriter",
+    "LabelsRecorded",
     "LedgerError",
+    "LedgerReport",
     "LogSettings",
+    "NewEvent",
+    "ProjectionPromoted",
+    "RecordedLabel",
+    "RecordedReturn",
+    "ReturnsRecorded",
+    "RunAnnotated",
     "SchemaError",
+    "ServerSampled",
     "Spool",
     "SpoolCorrupt",
+    "SqliteWrite",
     "StorageSettings",
     "StoredEvent",
     "append_events",
     "appending",
     "blob_hash",
+    "blob_redacted_at",
+    "chain_head",
+    "configure_logging",
+    "count_problem",
+    "current_revision",
+    "database_exists",
+    "decode_chunk_gaps",
+    "decode_event",
+    "downgrade_database",
+    "downgrade_steps",
     "follow_events",
+    "freeze_startup_heap",
+    "generate_key",
     "head_position",
+    "head_revision",
     "iter_events",
+    "load_signing_key",
+    "load_verifier_key",
+    "new_event",
     "open_database",
+    "plausible_count",
     "read_blob",
+    "read_checkpoint_notes",
     "read_events",
+    "redact_blob",
     "replay_spool",
     "require_head",
+    "revision_history",
+    "sign_checkpoint",
+    "snapshot",
+    "translate_db_error",
     "upgrade_database",
+    "utc_now",
     "verify_chain",
+    "verify_ledger",
+    "wait_up_to",
+    "write_checkpoint_file",
+    "write_key_files",
 )

@@ -6,4 +6,12 @@ call the ledger does not hold, and runs outside the gateway's loop.
 
 from __future__ import annotations
 
-__all__ = ()
+from usage_ledger.otel.export import export_once, follow_export, open_exporters
+from usage_ledger.otel.settings import OtelSettings
+
+__all__ = (
+    "OtelSettings",
+    "export_once",
+    "follow_export",
+    "open_exporters",
+)

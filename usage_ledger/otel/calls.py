@@ -10,8 +10,8 @@ from datetime import datetime
 
 import msgspec
 
-from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted
-from usage_ledger.projections.call_rules import IMPLAUSIBLE, ended_at, finished_status, plausible_tokens
+from usage_ledger.ledger import CallFailed, CallFinished, CallImported, CallStarted
+from usage_ledger.projections import IMPLAUSIBLE, ended_at, finished_status, plausible_tokens
 
 __all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "response_model", "trace_ids")
 

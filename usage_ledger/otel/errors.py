@@ -8,7 +8,7 @@ LedgerError
 
 from __future__ import annotations
 
-from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger import LedgerError
 
 __all__ = ("ExportFailed", "OtelError", "OtelMissing")
 

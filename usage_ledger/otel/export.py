@@ -22,11 +22,20 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound, LedgerError
-from usage_ledger.ledger.events import CallFailed, CallFinished, CallImported, CallStarted, decode_event, utc_now
-from usage_ledger.ledger.read import StoredEvent, read_events
+from usage_ledger.ledger import (
+    BlobNotFound,
+    CallFailed,
+    CallFinished,
+    CallImported,
+    CallStarted,
+    Database,
+    LedgerError,
+    StoredEvent,
+    decode_event,
+    read_blob,
+    read_events,
+    utc_now,
+)
 from usage_ledger.ledger.schema import checkpoints, events
 from usage_ledger.otel.calls import ExportedCall, call_from_events, call_from_import, response_model, trace_ids
 from usage_ledger.otel.errors import ExportFailed, OtelMissing

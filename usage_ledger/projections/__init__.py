@@ -1,1 +1,100 @@
-"""projections."""
+"""Projections: the read-model engine. The events the ledger holds, folded into tables that can always be
+rebuilt from them.
+
+`tables` (the read models' tables, queried with plain SQL like the ledger's `schema`), the folds
+(`call_fold` with `call_rules` and `_slim` into `calls`, `annotations`, `server`), the follower and its
+checkpoints (`engine`), rebuild and formula promotion (`rebuild`), the digest two backends compare
+(`_digest_lines`, `_sqlite_digest`), the throughput `formulas`, the report `rows`, and the labels and
+returns recorded (`recorded`). Imports `ledger` only; what answers questions from these tables lives in
+`usage_ledger.answers`, what appends events from files in `usage_ledger.imports`.
+"""
+
+from __future__ import annotations
+
+from usage_ledger.projections.annotations import labels_for_run, load_annotations
+from usage_ledger.projections.call_rules import (
+    CALL_STATUSES,
+    FAILED_STATUSES,
+    IMPLAUSIBLE,
+    NO_END_STATUS,
+    TRUNCATED_REASONS,
+    decode_rate_note,
+    ended_at,
+    finished_status,
+    plausible_tokens,
+)
+from usage_ledger.projections.engine import (
+    PROJECTIONS,
+    catch_up_all,
+    follow_projections,
+    live_version,
+    projection_named,
+    projection_status,
+    read_checkpoint,
+)
+from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
+from usage_ledger.projections.formulas import FORMULAS, RunStats, get_formula
+from usage_ledger.projections.rebuild import rebuild_projection, set_formula
+from usage_ledger.projections.recorded import Returns, parse_as_of, recorded_labels, recorded_returns
+from usage_ledger.projections.rows import (
+    CallsPage,
+    CallsPerTicker,
+    CallView,
+    DailyRow,
+    RecomputeRow,
+    RunRow,
+    TickerRow,
+    WeekdayRow,
+)
+from usage_ledger.projections.server import ServerBlock, SpecBlocks, load_samples, samples_of_run, server_block
+from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.projections.text import projection_text, projection_text_or_none
+
+__all__ = (
+    "CALL_STATUSES",
+    "FAILED_STATUSES",
+    "FORMULAS",
+    "IMPLAUSIBLE",
+    "NO_END_STATUS",
+    "PROJECTIONS",
+    "TRUNCATED_REASONS",
+    "CallView",
+    "CallsPage",
+    "CallsPerTicker",
+    "DailyRow",
+    "ImportFailed",
+    "NotFound",
+    "ProjectionError",
+    "RecomputeRow",
+    "ReportSettings",
+    "Returns",
+    "RunRow",
+    "RunStats",
+    "ServerBlock",
+    "SpecBlocks",
+    "TickerRow",
+    "WeekdayRow",
+    "catch_up_all",
+    "decode_rate_note",
+    "ended_at",
+    "finished_status",
+    "follow_projections",
+    "get_formula",
+    "labels_for_run",
+    "live_version",
+    "load_annotations",
+    "load_samples",
+    "parse_as_of",
+    "plausible_tokens",
+    "projection_named",
+    "projection_status",
+    "projection_text",
+    "projection_text_or_none",
+    "read_checkpoint",
+    "rebuild_projection",
+    "recorded_labels",
+    "recorded_returns",
+    "samples_of_run",
+    "server_block",
+    "set_formula",
+)

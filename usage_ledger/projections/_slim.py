@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.ledger.events import CallRetagged, RunAnnotated
+from usage_ledger.ledger import CallRetagged, RunAnnotated
 from usage_ledger.projections.call_rules import NO_USAGE
 
 __all__ = ("DECODERS", "SFailed", "SFinished", "SImported", "SStarted", "decode_slim")

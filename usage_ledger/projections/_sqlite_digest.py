@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger import LedgerError
 from usage_ledger.projections._digest_lines import connect_read_only, encode_range
 
 __all__ = ("CHILD_FROM", "split_digest")

@@ -10,7 +10,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.events import RunAnnotated
+from usage_ledger.ledger import RunAnnotated
 from usage_ledger.projections._slim import decode_slim
 from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import annotations_table

@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.ledger.events import CallRetagged
+from usage_ledger.ledger import CallRetagged
 from usage_ledger.projections._slim import DECODERS, SFailed, SFinished, SImported, SStarted
 from usage_ledger.projections.call_rules import (
     FAILED_END_STATUS,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from usage_ledger.ledger.counts import plausible_count
+from usage_ledger.ledger import plausible_count
 
 __all__ = (
     "CALL_STATUSES",

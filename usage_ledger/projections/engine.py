@@ -23,13 +23,16 @@ from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.append import translate_db_error
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
-from usage_ledger.ledger.events import utc_now
-from usage_ledger.ledger.read import head_position
+from usage_ledger.ledger import (
+    Database,
+    DatabaseUnavailable,
+    LedgerError,
+    SqliteWrite,
+    head_position,
+    translate_db_error,
+    utc_now,
+)
 from usage_ledger.ledger.schema import checkpoints, sqlite_time
-from usage_ledger.ledger.sqlite_append import SqliteWrite
 from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.errors import UnknownProjection

@@ -10,7 +10,7 @@ LedgerError (ledger.errors)
 
 from __future__ import annotations
 
-from usage_ledger.ledger.errors import LedgerError
+from usage_ledger.ledger import LedgerError
 
 __all__ = ("ImportFailed", "NotFound", "ProjectionError", "UnknownFormula", "UnknownProjection")
 

@@ -28,10 +28,15 @@ import structlog
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.events import ProjectionPromoted, new_event, utc_now
-from usage_ledger.ledger.read import head_position
+from usage_ledger.ledger import (
+    Database,
+    ProjectionPromoted,
+    append_events,
+    head_position,
+    new_event,
+    open_database,
+    utc_now,
+)
 from usage_ledger.ledger.schema import checkpoints, events
 from usage_ledger.projections.engine import (
     Progress,

@@ -14,11 +14,10 @@ from datetime import date
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import LabelsRecorded, ReturnsRecorded
+from usage_ledger.ledger import Database, LabelsRecorded, ReturnsRecorded
 from usage_ledger.ledger.schema import events
 
-__all__ = ("Returns", "recorded_labels", "recorded_returns")
+__all__ = ("Returns", "parse_as_of", "recorded_labels", "recorded_returns")
 
 _labels = msgspec.json.Decoder(LabelsRecorded)
 _returns = msgspec.json.Decoder(ReturnsRecorded)
@@ -64,3 +63,15 @@ async def recorded_returns(database: Database, *, as_of: date | None = None) -> 
     if as_of is None:
         values.update({key: value for key, value in undated.items() if key not in values})
     return Returns(values=values, keys_recorded=len({key for key, _ in latest}))
+
+
+def parse_as_of(text: str, field: str = "as_of") -> date | None:
+    """An ISO date (YYYY-MM-DD) or None for an empty text; ValueError naming `field` otherwise."""
+    if not text:
+        return None
+    try:
+        if len(text) == 10:
+            return date.fromisoformat(text)
+    except ValueError:
+        pass
+    raise ValueError(f"{field}: expected a date YYYY-MM-DD, got {text!r}")

@@ -25,8 +25,8 @@ from sqlalchemy import Table, delete
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from usage_ledger.ledger import SqliteWrite
 from usage_ledger.ledger.schema import UTCDateTime, sqlite_bind
-from usage_ledger.ledger.sqlite_append import SqliteWrite
 
 __all__ = ("RowTable",)
 

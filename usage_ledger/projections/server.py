@@ -27,7 +27,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.events import ServerSampled, decode_event
+from usage_ledger.ledger import ServerSampled, decode_event
 from usage_ledger.ledger.schema import events
 
 __all__ = ("Reconciliation", "ServerBlock", "SpecBlocks", "load_samples", "samples_of_run", "server_block")

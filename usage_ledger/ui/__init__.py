@@ -6,4 +6,9 @@ composition root (usage_ledger.cli), and `ledger ui` serves them alone.
 
 from __future__ import annotations
 
-__all__ = ()
+from usage_ledger.ui.routers import build_ui_routers, create_ui_app
+
+__all__ = (
+    "build_ui_routers",
+    "create_ui_app",
+)

@@ -14,10 +14,8 @@ from litestar import Router, get
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.params import QueryParameter
 
-from usage_ledger.projections.api import Formula, Zone, error_response
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import STATUS_PATTERN, WHEN_SCHEMA, parse_filter
-from usage_ledger.projections.text import projection_text_or_none
+from usage_ledger.answers import STATUS_PATTERN, WHEN_SCHEMA, Formula, Zone, error_response, parse_filter
+from usage_ledger.projections import NotFound, ProjectionError, projection_text_or_none
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.queries import CallDetail, CallQuery, CallsList, call_detail, list_calls
 from usage_ledger.ui.reader import Reader

@@ -1,4 +1,4 @@
-"""The Decide page: `ledger decide` for two groups of runs (projections.decide), label distributions as bars,
+"""The Decide page: `ledger decide` for two groups of runs (answers.decide), label distributions as bars,
 and the flipped keys, each opening both groups' answers side by side with their differences marked.
 
 Answers are call bodies: shown only to an operator who entered `LEDGER_ADMIN_TOKEN`, as on the call page.
@@ -14,12 +14,8 @@ from litestar import Response, get
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromQuery
 
-from usage_ledger.projections.api import split_runs
-from usage_ledger.projections.decide import LATENCY_FIGURES, Decision, decide
-from usage_ledger.projections.decide_answers import RunAnswer, key_answers
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.label_import import parse_as_of
-from usage_ledger.projections.reports import runs_report
+from usage_ledger.answers import LATENCY_FIGURES, Decision, RunAnswer, decide, key_answers, runs_report, split_runs
+from usage_ledger.projections import ProjectionError, parse_as_of
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.render import Renderer

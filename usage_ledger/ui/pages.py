@@ -11,9 +11,8 @@ from litestar import Request, Response, Router, get
 from litestar.params import FromQuery
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.reports import runs_report
-from usage_ledger.projections.text import projection_text_or_none
+from usage_ledger.answers import runs_report
+from usage_ledger.projections import NotFound, ProjectionError, projection_text_or_none
 from usage_ledger.ui.api import call_query
 from usage_ledger.ui.auth import LoginRequired, UiAuth
 from usage_ledger.ui.decide import decide_handlers

@@ -13,18 +13,18 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import ServerSampled
+from usage_ledger.answers import (
+    NO_FILTER,
+    CallFilter,
+    filter_clauses,
+    get_call,
+    iter_calls,
+    live_versions,
+    run_filter,
+)
+from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, read_blob
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.callviews import get_call, iter_calls
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.filters import CALL_STATUSES, NO_FILTER, CallFilter, filter_clauses
-from usage_ledger.projections.reports import live_versions
-from usage_ledger.projections.rows import CallView, RunRow
-from usage_ledger.projections.server import load_samples, samples_of_run
+from usage_ledger.projections import CALL_STATUSES, CallView, NotFound, RunRow, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
 __all__ = (
@@ -48,7 +48,7 @@ MAX_BODY_CHARS = 200_000
 
 
 class CallQuery(msgspec.Struct, frozen=True, kw_only=True):
-    """The Calls page's filters: the reports' own (time range, model, status: projections.filters), a run, a ticker."""
+    """The Calls page's filters: the reports' own (time range, model, status: answers.filters), a run, a ticker."""
 
     filters: CallFilter = NO_FILTER
     run: str | None = None

@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.engine import catch_up_all
-from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.ledger import Database
+from usage_ledger.projections import ReportSettings, catch_up_all
 
 __all__ = ("Reader",)
 

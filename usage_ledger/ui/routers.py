@@ -17,8 +17,8 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.response import Redirect
 from litestar.static_files import create_static_files_router
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.ledger import Database
+from usage_ledger.projections import ReportSettings
 from usage_ledger.ui.api import api_router
 from usage_ledger.ui.auth import UI_PREFIX, UiAuth
 from usage_ledger.ui.pages import pages_router

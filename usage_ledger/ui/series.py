@@ -13,9 +13,9 @@ from datetime import datetime
 
 import msgspec
 
-from usage_ledger.ledger.events import ServerSampled
-from usage_ledger.projections.compare_latency import tpot_s
-from usage_ledger.projections.rows import CallView
+from usage_ledger.answers import tpot_s
+from usage_ledger.ledger import ServerSampled
+from usage_ledger.projections import CallView
 
 __all__ = (
     "Histogram",

@@ -8,17 +8,22 @@ from datetime import UTC, datetime, timedelta
 
 import msgspec
 
-from usage_ledger.projections.compare import Comparison, compare_runs, metric_values
-
 # eras_report catches up first (no `refresh`): inside `ledger serve` that would run on the gateway's loop,
 # so the eras are built here from runs_report(refresh=False) with the module's own grouping rules
-from usage_ledger.projections.eras import EraRow
-from usage_ledger.projections.eras import _era as era_of
-from usage_ledger.projections.eras import _group as group_of
-from usage_ledger.projections.formulas import FORMULAS
-from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
-from usage_ledger.projections.rows import CallView, DailyRow, RunRow, TickerRow, WeekdayRow
-from usage_ledger.projections.settings import ReportSettings
+from usage_ledger.answers import (
+    Comparison,
+    EraRow,
+    compare_runs,
+    daily_report,
+    era_of,
+    group_of,
+    metric_values,
+    parse_zone,
+    runs_report,
+    tickers_report,
+    weekday_mean,
+)
+from usage_ledger.projections import FORMULAS, CallView, DailyRow, ReportSettings, RunRow, TickerRow, WeekdayRow
 from usage_ledger.ui.queries import run_calls, run_samples
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.series import (
@@ -199,7 +204,7 @@ class CompareView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def compare_view(reader: Reader, picked: list[str]) -> CompareView:
-    """`ledger compare RUN RUN …` (projections.compare) for the runs picked, metrics as rows."""
+    """`ledger compare RUN RUN …` (answers.compare) for the runs picked, metrics as rows."""
     database = await reader.ready()
     gap = reader.settings.run_gap_s
     names = [row.run for row in await runs_report(database, run_gap_s=gap, refresh=False)]

@@ -20,14 +20,12 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.blobs import blob_redacted_at, read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.agreement_text import LabelExtractor, assistant_text, decoded_body
+from usage_ledger.answers.reports import live_versions
+from usage_ledger.ledger import BlobNotFound, Database, blob_redacted_at, read_blob
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.agreement_text import LabelExtractor, assistant_text, decoded_body
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.reports import live_versions
+from usage_ledger.projections import NotFound, ProjectionError
 from usage_ledger.projections.tables import calls
 
 __all__ = (

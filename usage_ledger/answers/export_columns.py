@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 from msgspec import inspect
 
-from usage_ledger.projections.rows import CallView
+from usage_ledger.projections import CallView
 
 __all__ = ("EXPORT_COLUMNS", "ColumnKind", "ExportColumn")
 

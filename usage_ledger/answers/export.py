@@ -18,17 +18,22 @@ from typing import IO, Any
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
+from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
+from usage_ledger.answers.export_columns import EXPORT_COLUMNS
+from usage_ledger.answers.filters import NO_FILTER, CallFilter
+from usage_ledger.answers.reports import runs_report, tickers_report
+from usage_ledger.ledger import BlobNotFound, Database, read_blob
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.callviews import calls_page, get_call, iter_calls
-from usage_ledger.projections.engine import catch_up_all, live_version, read_checkpoint
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.export_columns import EXPORT_COLUMNS
-from usage_ledger.projections.filters import NO_FILTER, CallFilter
-from usage_ledger.projections.reports import runs_report, tickers_report
-from usage_ledger.projections.rows import CallsPage, CallView, RunRow, TickerRow
+from usage_ledger.projections import (
+    CallsPage,
+    CallView,
+    ProjectionError,
+    RunRow,
+    TickerRow,
+    catch_up_all,
+    live_version,
+    read_checkpoint,
+)
 
 __all__ = ("CallDetail", "EventView", "Exported", "RunDetail", "export_calls", "show_call", "show_run")
 

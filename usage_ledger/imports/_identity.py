@@ -1,6 +1,6 @@
 """Imported rows' identity: event ids from content, and a row's call id checked against the ledger.
 
-See `projections.importer` for the rules; this module holds the parts that read the ledger.
+See `imports.importer` for the rules; this module holds the parts that read the ledger.
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import CallImported, NewEvent, decode_event
+from usage_ledger.ledger import CallImported, Database, NewEvent, decode_event
 from usage_ledger.ledger.schema import events
 
 __all__ = ("NAMESPACE", "content_event_id", "reconcile_with_ledger")

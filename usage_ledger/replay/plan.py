@@ -21,14 +21,11 @@ from datetime import datetime
 import msgspec
 from sqlalchemy import select
 
+from usage_ledger.answers import iter_calls
 from usage_ledger.gateway.secrets import is_secret_name
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import CallStarted, decode_event
+from usage_ledger.ledger import BlobNotFound, CallStarted, Database, decode_event, read_blob
 from usage_ledger.ledger.schema import blobs, events
-from usage_ledger.projections.callviews import iter_calls
-from usage_ledger.projections.rows import CallView
+from usage_ledger.projections import CallView
 
 __all__ = (
     "REPLAYED_HEADERS",

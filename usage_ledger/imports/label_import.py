@@ -24,23 +24,20 @@ from pathlib import Path
 
 import msgspec
 
-from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import (
+from usage_ledger.answers import labels_from_ledger, live_versions, parse_where, regex_extractor, run_filter
+from usage_ledger.imports._rows import csv_records
+from usage_ledger.ledger import (
+    Database,
     LabelsRecorded,
     NewEvent,
     RecordedLabel,
     RecordedReturn,
     ReturnsRecorded,
+    append_events,
     new_event,
+    translate_db_error,
 )
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections._import_rows import csv_records
-from usage_ledger.projections.agreement import parse_where
-from usage_ledger.projections.agreement_labels import labels_from_ledger
-from usage_ledger.projections.agreement_text import regex_extractor
-from usage_ledger.projections.errors import ImportFailed, ProjectionError
-from usage_ledger.projections.reports import live_versions
+from usage_ledger.projections import ImportFailed, ProjectionError, parse_as_of
 
 __all__ = (
     "LABELS_STREAM",
@@ -49,7 +46,6 @@ __all__ = (
     "extract_labels",
     "import_labels",
     "import_returns",
-    "parse_as_of",
 )
 
 LABELS_STREAM = "labels"
@@ -213,18 +209,6 @@ def _return(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"return: {text!r} is not a finite number")
     return value
-
-
-def parse_as_of(text: str, field: str = "as_of") -> date | None:
-    """An ISO date (YYYY-MM-DD) or None for an empty text; ValueError naming `field` otherwise."""
-    if not text:
-        return None
-    try:
-        if len(text) == 10:
-            return date.fromisoformat(text)
-    except ValueError:
-        pass
-    raise ValueError(f"{field}: expected a date YYYY-MM-DD, got {text!r}")
 
 
 async def import_returns(database: Database, path: str | Path) -> Recorded:

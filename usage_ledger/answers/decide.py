@@ -23,12 +23,11 @@ from datetime import date
 
 import msgspec
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.agreement import parse_scale
-from usage_ledger.projections.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
-from usage_ledger.projections.compare import RunComparison, metric_values, run_column
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.recorded import Returns, recorded_labels, recorded_returns
+from usage_ledger.answers.agreement import parse_scale
+from usage_ledger.answers.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
+from usage_ledger.answers.compare import RunComparison, metric_values, run_column
+from usage_ledger.ledger import Database
+from usage_ledger.projections import ProjectionError, Returns, recorded_labels, recorded_returns
 
 __all__ = ("LATENCY_FIGURES", "SERVER_FIGURES", "Between", "Decision", "FlippedKey", "GroupFigures", "decide")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 
-from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger import ConfigError
 
 __all__ = ("MODELS_PATH", "check_upstream")
 

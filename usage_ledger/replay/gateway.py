@@ -28,8 +28,7 @@ import msgspec
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.serve import bind_socket, gateway_app, listening
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.settings import StorageSettings
+from usage_ledger.ledger import Database, StorageSettings
 
 __all__ = ("RecordingGateway", "recording_gateway")
 

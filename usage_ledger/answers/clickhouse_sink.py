@@ -17,8 +17,8 @@ queries (and the monthly partitions); a run's calls lie in one stretch of time, 
 
 from __future__ import annotations
 
-from usage_ledger.projections.errors import ProjectionError
-from usage_ledger.projections.export_columns import EXPORT_COLUMNS, ExportColumn
+from usage_ledger.answers.export_columns import EXPORT_COLUMNS, ExportColumn
+from usage_ledger.projections import ProjectionError
 
 __all__ = ("DEFAULT_TABLE", "LOW_CARDINALITY", "NOT_IN_SINK", "SINK_COLUMNS", "VERSION_COLUMN", "clickhouse_schema")
 

@@ -1,12 +1,12 @@
 """`ledger replay RUN --upstream URL`: a recorded run's requests sent again to another server, as a new run.
 
-    plan_replay (replay_plan)   the run's requests in start order; calls without a body are skipped
+    plan_replay (replay.plan)   the run's requests in start order; calls without a body are skipped
     check_upstream              GET /v1/models answers with a model list, or exit 2 having sent nothing
-    recording_gateway           the real gateway, in-process, in front of --upstream (replay_gateway)
+    recording_gateway           the real gateway, in-process, in front of --upstream (replay.gateway)
     _drive                      httpx → that gateway, at most `concurrency` at once, dispatched in the
                                 original start order, tagged X-Ledger-Run NEW + the original tags
     run.annotated               replay_of=RUN on the new run
-    compare_runs                RUN and NEW side by side (projections.compare)
+    compare_replay              RUN and NEW side by side (answers.compare), caught up first
 
 Requests are sent as fast as `concurrency` allows, not at the original's moments: like
 `vllm bench serve --max-concurrency`, on the real workload. The default concurrency is the most
@@ -31,20 +31,24 @@ import msgspec
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from usage_ledger.answers import Comparison, calls_page, compare_runs
 from usage_ledger.gateway.headers import MAX_VALUE
-from usage_ledger.ledger.append import append_events
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.events import RunAnnotated, new_event
-from usage_ledger.ledger.waiting import wait_up_to
-from usage_ledger.projections.callviews import calls_page
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.replay_gateway import RecordingGateway, recording_gateway
-from usage_ledger.replay_plan import ReplayPlan, ReplayRequest, load_body, plan_replay
-from usage_ledger.replay_upstream import check_upstream
-from usage_ledger.settings import Settings
+from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.ledger import (
+    ConfigError,
+    Database,
+    RunAnnotated,
+    StorageSettings,
+    append_events,
+    new_event,
+    wait_up_to,
+)
+from usage_ledger.projections import NotFound, catch_up_all
+from usage_ledger.replay.gateway import RecordingGateway, recording_gateway
+from usage_ledger.replay.plan import ReplayPlan, ReplayRequest, load_body, plan_replay
+from usage_ledger.replay.upstream import check_upstream
 
-__all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "describe", "replay_run")
+__all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "compare_replay", "describe", "replay_run")
 
 REPLAY_LABEL = "replay_of"
 DEFAULT_DEADLINE_S = 24 * 3600.0
@@ -122,31 +126,33 @@ async def _new_run_name(database: Database, options: ReplayOptions, run_gap_s: f
 
 async def replay_run(
     database: Database,
-    settings: Settings,
     options: ReplayOptions,
     *,
+    gateway_settings: GatewaySettings,
+    storage: StorageSettings,
+    run_gap_s: float,
     console: Console,
     stop: asyncio.Event | None = None,
 ) -> ReplayResult:
-    """Replay `options.run` into a new run of `database`; `stop` ends it early (Ctrl-C), as does the deadline."""
+    """Replay `options.run` into a new run of `database` through a gateway with `gateway_settings` (its
+    upstream and read timeout replaced by the options') spooling under `storage`; `run_gap_s` splits
+    untagged runs. `stop` ends it early (Ctrl-C), as does the deadline."""
     loop = asyncio.get_running_loop()
     deadline_at = loop.time() + options.deadline_s
-    plan = await plan_replay(
-        database, options.run, limit=options.limit, model=options.model, run_gap_s=settings.reports.run_gap_s
-    )
+    plan = await plan_replay(database, options.run, limit=options.limit, model=options.model, run_gap_s=run_gap_s)
     if not plan.requests:
         raise ConfigError(f"run {options.run!r}: nothing to replay, {_skips(plan.skipped, plan.calls)}")
-    new_run = await _new_run_name(database, options, settings.reports.run_gap_s)
+    new_run = await _new_run_name(database, options, run_gap_s)
     concurrency = options.concurrency or plan.max_in_flight
-    call_timeout_s = options.call_timeout_s or settings.gateway.upstream_read_timeout_s
+    call_timeout_s = options.call_timeout_s or gateway_settings.upstream_read_timeout_s
     check_timeout_s = max(0.1, min(CHECK_TIMEOUT_S, call_timeout_s, deadline_at - loop.time()))
     await check_upstream(options.upstream, timeout_s=check_timeout_s)
     stop = stop or asyncio.Event()
     halt = _Halt(stop, deadline_at)
-    gateway_settings = msgspec.structs.replace(
-        settings.gateway, upstream=options.upstream, upstream_read_timeout_s=call_timeout_s
+    replaying = msgspec.structs.replace(
+        gateway_settings, upstream=options.upstream, upstream_read_timeout_s=call_timeout_s
     )
-    async with recording_gateway(gateway_settings, settings.storage, database) as gateway:
+    async with recording_gateway(replaying, storage, database) as gateway:
         tally = await _drive(database, gateway, plan, new_run, concurrency, options.model, halt, console)
     if tally.sent:
         note = RunAnnotated(labels={REPLAY_LABEL: options.run}, run=new_run)
@@ -315,3 +321,11 @@ def describe(result: ReplayResult, upstream: str, *, failed: int = 0, deadline_s
     if failed:
         text += f"; {failed} of {result.sent} calls failed (ledger export --run {result.new_run} --status error,failed)"
     return text
+
+
+async def compare_replay(database: Database, result: ReplayResult, run_gap_s: float) -> tuple[Comparison, int]:
+    """The replayed run and the new one side by side (`ledger compare`, read models caught up first), and
+    the new run's failed calls as the reports count them."""
+    await catch_up_all(database)
+    comparison = await compare_runs(database, [result.run, result.new_run], run_gap_s=run_gap_s)
+    return comparison, next(r.failed_calls for r in comparison.runs if r.run == result.new_run)

@@ -18,13 +18,11 @@ from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.call_rules import decode_rate_note
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.filters import NO_FILTER, CallFilter, filter_clauses
-from usage_ledger.projections.reports import live_versions
-from usage_ledger.projections.rows import CallsPage, CallView
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.filters import NO_FILTER, CallFilter, filter_clauses
+from usage_ledger.answers.reports import live_versions
+from usage_ledger.ledger import Database
+from usage_ledger.projections import CallsPage, CallView, NotFound, decode_rate_note
 from usage_ledger.projections.tables import calls
 
 __all__ = ("calls_page", "get_call", "iter_calls")

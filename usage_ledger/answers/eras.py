@@ -13,12 +13,12 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.filters import NO_FILTER, CallFilter
-from usage_ledger.projections.reports import runs_report
-from usage_ledger.projections.rows import RunRow
+from usage_ledger.answers.filters import NO_FILTER, CallFilter
+from usage_ledger.answers.reports import runs_report
+from usage_ledger.ledger import Database
+from usage_ledger.projections import RunRow
 
-__all__ = ("EraRow", "eras_report")
+__all__ = ("EraRow", "era_of", "eras_report", "group_of")
 
 
 class EraRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,14 +34,14 @@ class EraRow(msgspec.Struct, frozen=True, kw_only=True):
     formula: str
 
 
-def _group(run: RunRow, label: str) -> str | None:
+def group_of(run: RunRow, label: str) -> str | None:
     value = run.labels.get(label)
     if value is None and label == "model":
         return run.model
     return value
 
 
-def _era(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) -> EraRow:
+def era_of(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) -> EraRow:
     rates = [r.throughput_tps for r in runs if r.throughput_tps is not None]
     walls = [r.wall_s for r in runs if r.wall_s is not None]
     days = {r.started_at.astimezone(zone).date() for r in runs if r.started_at is not None}
@@ -73,6 +73,6 @@ async def eras_report(
     groups: dict[str | None, list[RunRow]] = {}
     for run in runs:  # runs_report orders by first call start
         if kind is None or run.labels.get("kind") == kind:
-            groups.setdefault(_group(run, by), []).append(run)
+            groups.setdefault(group_of(run, by), []).append(run)
     used = runs[0].formula if runs else (formula or "")
-    return [_era(group, members, zone, used) for group, members in groups.items()]
+    return [era_of(group, members, zone, used) for group, members in groups.items()]

@@ -15,9 +15,7 @@ from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.call_rules import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS
-from usage_ledger.projections.formulas import RunStats
-from usage_ledger.projections.server import SpecBlocks
+from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunStats, SpecBlocks
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")

@@ -1,4 +1,4 @@
-"""One imported row's fields validated into a `call.imported` body (the rules: `projections.importer`)."""
+"""One imported row's fields validated into a `call.imported` body (the rules: `imports.importer`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from usage_ledger.ledger.counts import count_problem
-from usage_ledger.ledger.events import CallImported
+from usage_ledger.ledger import CallImported, count_problem
 
 __all__ = ("RowError", "parse_record")
 

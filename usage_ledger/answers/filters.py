@@ -18,10 +18,8 @@ import msgspec
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections.call_rules import CALL_STATUSES
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections import CALL_STATUSES, ProjectionError, projection_text
 from usage_ledger.projections.tables import calls
-from usage_ledger.projections.text import projection_text
 
 __all__ = (
     "CALL_STATUSES",

@@ -33,13 +33,20 @@ from pathlib import Path
 
 import msgspec
 
-from usage_ledger.ledger.append import AppendResult, AppendStream, appending, translate_db_error
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import CallImported, NewEvent, new_event
-from usage_ledger.projections._import_identity import NAMESPACE, content_event_id, reconcile_with_ledger
-from usage_ledger.projections._import_record import RowError, parse_record
-from usage_ledger.projections._import_rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows
-from usage_ledger.projections.errors import ImportFailed, ProjectionError
+from usage_ledger.imports._identity import NAMESPACE, content_event_id, reconcile_with_ledger
+from usage_ledger.imports._record import RowError, parse_record
+from usage_ledger.imports._rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows
+from usage_ledger.ledger import (
+    AppendResult,
+    AppendStream,
+    CallImported,
+    Database,
+    NewEvent,
+    appending,
+    new_event,
+    translate_db_error,
+)
+from usage_ledger.projections import ImportFailed, ProjectionError
 
 __all__ = ("MAX_LINE_BYTES", "ImportResult", "RowError", "import_file", "parse_file", "parse_record")
 

@@ -9,7 +9,7 @@ formulas and time zones) and every answer: 400 (a parameter out of range or unkn
 run or call), 401 (when an admin token is set); errors are Litestar's `{status_code, detail}`.
 A `run` filter is read under the rule of `projections.text`, as the rows were written.
 
-The lists take the CLI's call filters (`projections.filters`): `since`, `until` (ISO dates or
+The lists take the CLI's call filters (`answers.filters`): `since`, `until` (ISO dates or
 date-times; without an offset, local in `tz`, else LEDGER_TZ), `model` and `status`. `/calls`
 answers with `total`, the number of calls matching on all pages.
 """
@@ -25,11 +25,9 @@ from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.callviews import calls_page, get_call
-from usage_ledger.projections.decide import Decision, decide
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import (
+from usage_ledger.answers.callviews import calls_page, get_call
+from usage_ledger.answers.decide import Decision, decide
+from usage_ledger.answers.filters import (
     CALL_STATUSES,
     STATUS_PATTERN,
     WHEN_SCHEMA,
@@ -37,12 +35,22 @@ from usage_ledger.projections.filters import (
     InvalidFilter,
     parse_filter,
 )
-from usage_ledger.projections.formulas import FORMULAS
-from usage_ledger.projections.label_import import parse_as_of
-from usage_ledger.projections.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
-from usage_ledger.projections.rows import CallsPage, CallView, DailyRow, RunRow, TickerRow, WeekdayRow
-from usage_ledger.projections.settings import ReportSettings
-from usage_ledger.projections.text import projection_text_or_none
+from usage_ledger.answers.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
+from usage_ledger.ledger import Database
+from usage_ledger.projections import (
+    FORMULAS,
+    CallsPage,
+    CallView,
+    DailyRow,
+    NotFound,
+    ProjectionError,
+    ReportSettings,
+    RunRow,
+    TickerRow,
+    WeekdayRow,
+    parse_as_of,
+    projection_text_or_none,
+)
 
 __all__ = ("MAX_LIMIT", "MAX_OFFSET", "build_api_routers", "error_response", "split_runs")
 

@@ -21,15 +21,11 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import CallFinished, CallStarted, ServerSampled, decode_event
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.reports import runs_report
+from usage_ledger.ledger import CallFinished, CallStarted, Database, ServerSampled, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.engine import live_version
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.reports import runs_report
-from usage_ledger.projections.rows import RunRow
-from usage_ledger.projections.server import load_samples, samples_of_run
+from usage_ledger.projections import NotFound, RunRow, live_version, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AuditReport", "Finding", "audit_run")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections import ProjectionError
 
 __all__ = ("MAX_LINE_BYTES", "Format", "Record", "csv_records", "csv_rows", "detect_format", "jsonl_rows")
 

@@ -29,79 +29,19 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.blobs import read_blob
-from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import CallFinished
-from usage_ledger.ledger.read import read_events
-from usage_ledger.projections._aggregate import collect_runs, run_filter
-from usage_ledger.projections._compare_table import comparison_table
-from usage_ledger.projections.audit import audit_run
-from usage_ledger.projections.compare_latency import Latency, Sample, latency_ms, tpot_s
-from usage_ledger.projections.engine import live_version
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.formulas import FORMULAS
-from usage_ledger.projections.reports import runs_report
-from usage_ledger.projections.rows import CallsPerTicker
-from usage_ledger.projections.server import ServerBlock
+from usage_ledger.answers._aggregate import collect_runs, run_filter
+from usage_ledger.answers._compare_table import comparison_table
+from usage_ledger.answers.audit import audit_run
+from usage_ledger.answers.compare_latency import Latency, Sample, latency_ms, tpot_s
+from usage_ledger.answers.comparison import Comparison, Ratio, RunComparison
+from usage_ledger.answers.reports import runs_report
+from usage_ledger.ledger import BlobNotFound, CallFinished, Database, decode_chunk_gaps, read_blob, read_events
+from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, live_version
 from usage_ledger.projections.tables import calls
 
 __all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison", "run_column")
 
 _PAGE = 2000  # events per read while collecting chunk gaps
-
-
-class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
-    """One run's column. Latencies in milliseconds (None: no call to measure)."""
-
-    run: str
-    model: str | None
-    calls: int
-    failed_calls: int
-    truncated_calls: int | None = None
-    """As `RunRow.truncated_calls`."""
-    tickers: int
-    input_tokens: int
-    output_tokens: int
-    started_at: datetime | None
-    ended_at: datetime | None
-    wall_s: float | None
-    throughput_tps: dict[str, float | None]
-    """Per registered formula (`projections.formulas`)."""
-    formula: str
-    """The promoted (default) formula."""
-    hours_per_100_tickers: float | None
-    calls_per_ticker: CallsPerTicker | None
-    in_flight_mean: float | None
-    in_flight_max: int | None
-    ttft_ms: Latency | None
-    tpot_ms: Latency | None
-    itl_ms: Latency | None
-    e2e_ms: Latency | None
-    itl_calls: int
-    """The ok calls whose chunk gaps are recorded and stored (the rest have none: imported, not streamed,
-    older, or their gap blob is missing or redacted)."""
-    ok_calls: int
-    labels: dict[str, str] = {}
-    server: ServerBlock | None = None
-    findings: list[str] = []
-    """What `ledger audit` finds inside this run (sampling or model varying, the server restarting)."""
-    differences: list[str] = []
-    """What `ledger audit RUN --against FIRST` finds different from the first run."""
-
-
-class Ratio(msgspec.Struct, frozen=True, kw_only=True):
-    """`run`'s figures divided by `against`'s (the first run's); None where either is missing or zero."""
-
-    run: str
-    against: str
-    values: dict[str, float | None]
-
-
-class Comparison(msgspec.Struct, frozen=True, kw_only=True):
-    runs: list[RunComparison]
-    ratios: list[Ratio]
 
 
 class _CallTimes(msgspec.Struct, frozen=True):

@@ -17,22 +17,22 @@ from pathlib import Path
 
 import msgspec
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections.agreement_labels import (
+from usage_ledger.answers.agreement_labels import (
     NO_BODY,
     RunLabels,
     labels_from_csv,
     labels_from_ledger,
     read_outcomes,
 )
-from usage_ledger.projections.agreement_stats import check_scale, default_scale, quadratic_weighted_kappa, spearman
-from usage_ledger.projections.agreement_text import (
+from usage_ledger.answers.agreement_stats import check_scale, default_scale, quadratic_weighted_kappa, spearman
+from usage_ledger.answers.agreement_text import (
     EXTRACT_TIMEOUT_S,
     LabelExtractor,
     pointer_extractor,
     regex_extractor,
 )
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.ledger import Database
+from usage_ledger.projections import ProjectionError
 
 __all__ = (
     "Agreement",

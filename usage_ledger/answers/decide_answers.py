@@ -12,12 +12,11 @@ from collections.abc import Sequence
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.projections._aggregate import run_filter
-from usage_ledger.projections.agreement_labels import answer_text
-from usage_ledger.projections.errors import NotFound
-from usage_ledger.projections.recorded import recorded_labels
-from usage_ledger.projections.reports import live_versions
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.agreement_labels import answer_text
+from usage_ledger.answers.reports import live_versions
+from usage_ledger.ledger import Database
+from usage_ledger.projections import NotFound, recorded_labels
 from usage_ledger.projections.tables import calls
 
 __all__ = ("RunAnswer", "key_answers")

@@ -10,13 +10,11 @@ import io
 import string
 import textwrap
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
-if TYPE_CHECKING:
-    from usage_ledger.projections.compare import Comparison, RunComparison
+from usage_ledger.answers.comparison import Comparison, RunComparison
 
 __all__ = ("comparison_table",)
 

@@ -23,7 +23,7 @@ import msgspec
 import regex
 import zstandard
 
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections import ProjectionError
 
 __all__ = (
     "EXTRACT_TIMEOUT_S",

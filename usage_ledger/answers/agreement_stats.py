@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from usage_ledger.projections.errors import ProjectionError
+from usage_ledger.projections import ProjectionError
 
 __all__ = ("Stat", "average_ranks", "check_scale", "default_scale", "pearson", "quadratic_weighted_kappa", "spearman")
 

@@ -14,17 +14,28 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from sqlalchemy import BigInteger, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import ServerSampled
-from usage_ledger.projections._aggregate import RunAcc, collect_runs, run_filter
-from usage_ledger.projections.annotations import labels_for_run, load_annotations
-from usage_ledger.projections.call_rules import FAILED_STATUSES
-from usage_ledger.projections.engine import catch_up_all, live_version
-from usage_ledger.projections.errors import NotFound, ProjectionError
-from usage_ledger.projections.filters import NO_FILTER, CallFilter, filter_clauses
-from usage_ledger.projections.formulas import get_formula
-from usage_ledger.projections.rows import CallsPerTicker, DailyRow, RecomputeRow, RunRow, TickerRow, WeekdayRow
-from usage_ledger.projections.server import load_samples, samples_of_run, server_block
+from usage_ledger.answers._aggregate import RunAcc, collect_runs, run_filter
+from usage_ledger.answers.filters import NO_FILTER, CallFilter, filter_clauses
+from usage_ledger.ledger import Database, ServerSampled
+from usage_ledger.projections import (
+    FAILED_STATUSES,
+    CallsPerTicker,
+    DailyRow,
+    NotFound,
+    ProjectionError,
+    RecomputeRow,
+    RunRow,
+    TickerRow,
+    WeekdayRow,
+    catch_up_all,
+    get_formula,
+    labels_for_run,
+    live_version,
+    load_annotations,
+    load_samples,
+    samples_of_run,
+    server_block,
+)
 from usage_ledger.projections.tables import calls
 
 __all__ = (

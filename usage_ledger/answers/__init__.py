@@ -1,0 +1,94 @@
+"""Answers: what reads the read models to answer a question, beside `projections/` which keeps them.
+
+Named for what it does rather than for one of its outputs: reports, eras, compare, agreement,
+decide, audit, the exports (Parquet, CSV, ClickHouse) and the JSON API all take the tables the
+projections fold and the events the ledger holds, and answer from them; none appends an event or
+writes a read model. Imports `projections` and `ledger` only; `ui`, `otel`, `imports` and `replay`
+read through it, and the CLI (usage_ledger.commands) prints what it answers.
+"""
+
+from __future__ import annotations
+
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.agreement import Agreement, agreement_report, parse_where
+from usage_ledger.answers.agreement_labels import labels_from_ledger
+from usage_ledger.answers.agreement_text import regex_extractor
+from usage_ledger.answers.api import Formula, Zone, build_api_routers, error_response, split_runs
+from usage_ledger.answers.audit import audit_run
+from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
+from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
+from usage_ledger.answers.compare import compare_runs, metric_values, render_comparison
+from usage_ledger.answers.compare_latency import tpot_s
+from usage_ledger.answers.comparison import Comparison
+from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
+from usage_ledger.answers.decide_answers import RunAnswer, key_answers
+from usage_ledger.answers.eras import EraRow, era_of, eras_report, group_of
+from usage_ledger.answers.export import export_calls, show_call, show_run
+from usage_ledger.answers.filters import (
+    NO_FILTER,
+    STATUS_PATTERN,
+    WHEN_SCHEMA,
+    CallFilter,
+    filter_clauses,
+    parse_filter,
+)
+from usage_ledger.answers.reports import (
+    daily_report,
+    live_versions,
+    parse_zone,
+    recompute_report,
+    runs_report,
+    tickers_report,
+    weekday_mean,
+)
+
+__all__ = (
+    "DEFAULT_TABLE",
+    "LATENCY_FIGURES",
+    "NO_FILTER",
+    "STATUS_PATTERN",
+    "WHEN_SCHEMA",
+    "Agreement",
+    "CallFilter",
+    "Comparison",
+    "Decision",
+    "EraRow",
+    "Formula",
+    "GroupFigures",
+    "RunAnswer",
+    "Zone",
+    "agreement_report",
+    "audit_run",
+    "build_api_routers",
+    "calls_page",
+    "clickhouse_schema",
+    "compare_runs",
+    "daily_report",
+    "decide",
+    "era_of",
+    "eras_report",
+    "error_response",
+    "export_calls",
+    "filter_clauses",
+    "get_call",
+    "group_of",
+    "iter_calls",
+    "key_answers",
+    "labels_from_ledger",
+    "live_versions",
+    "metric_values",
+    "parse_filter",
+    "parse_where",
+    "parse_zone",
+    "recompute_report",
+    "regex_extractor",
+    "render_comparison",
+    "run_filter",
+    "runs_report",
+    "show_call",
+    "show_run",
+    "split_runs",
+    "tickers_report",
+    "tpot_s",
+    "weekday_mean",
+)
