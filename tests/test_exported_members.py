@@ -52,6 +52,7 @@ EXPORTED = {
         "appending",
         "blob_hash",
         "blob_redacted_at",
+        "call_stream",
         "chain_head",
         "configure_logging",
         "count_problem",

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.answers._aggregate import run_filter
 from usage_ledger.answers.agreement_text import LabelExtractor, assistant_text, decoded_body
 from usage_ledger.answers.reports import live_versions
-from usage_ledger.ledger import BlobNotFound, Database, blob_redacted_at, read_blob
+from usage_ledger.ledger import BlobNotFound, Database, blob_redacted_at, call_stream, read_blob
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections import NotFound, ProjectionError
 from usage_ledger.projections.tables import calls
@@ -76,7 +76,7 @@ async def _finished_event(conn: AsyncConnection, call_id: str) -> _Finished:
     payload = (
         await conn.execute(
             select(events.c.payload)
-            .where(events.c.stream == f"call-{call_id}", events.c.type == "call.finished")
+            .where(events.c.stream == call_stream(call_id), events.c.type == "call.finished")
             .order_by(events.c.position.desc())
             .limit(1)
         )

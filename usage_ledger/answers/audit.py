@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.answers._aggregate import run_filter
 from usage_ledger.answers.reports import runs_report
-from usage_ledger.ledger import CallFinished, CallStarted, Database, ServerSampled, decode_event
+from usage_ledger.ledger import CallFinished, CallStarted, Database, ServerSampled, call_stream, decode_event
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections import NotFound, RunRow, live_version, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
@@ -65,7 +65,7 @@ async def _call_events(conn: AsyncConnection, call_ids: Sequence[str]) -> list[C
     """The calls' `call.started` and `call.finished` events."""
     found: list[CallStarted | CallFinished] = []
     for i in range(0, len(call_ids), _CHUNK):
-        streams = [f"call-{c}" for c in call_ids[i : i + _CHUNK]]
+        streams = [call_stream(c) for c in call_ids[i : i + _CHUNK]]
         query = select(events.c.payload).where(
             events.c.stream.in_(streams), events.c.type.in_(("call.started", "call.finished"))
         )

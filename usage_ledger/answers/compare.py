@@ -35,7 +35,15 @@ from usage_ledger.answers.audit import audit_run
 from usage_ledger.answers.compare_latency import Latency, Sample, latency_ms, tpot_s
 from usage_ledger.answers.comparison import Comparison, Ratio, RunComparison
 from usage_ledger.answers.reports import runs_report
-from usage_ledger.ledger import BlobNotFound, CallFinished, Database, decode_chunk_gaps, read_blob, read_events
+from usage_ledger.ledger import (
+    BlobNotFound,
+    CallFinished,
+    Database,
+    call_stream,
+    decode_chunk_gaps,
+    read_blob,
+    read_events,
+)
 from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, live_version
 from usage_ledger.projections.tables import calls
 
@@ -93,7 +101,7 @@ async def _chunk_gaps(conn: AsyncConnection, wanted: Sequence[_CallTimes]) -> tu
     """
     if not wanted:
         return Counter(), 0
-    streams = {f"call-{t.call_id}" for t in wanted}
+    streams = {call_stream(t.call_id) for t in wanted}
     after = 0 if any(t.retags for t in wanted) else min(t.last_position for t in wanted) - 1
     last = max(t.last_position for t in wanted)
     named: Counter[str] = Counter()  # gap blob: calls that name it

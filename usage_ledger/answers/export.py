@@ -22,7 +22,7 @@ from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
 from usage_ledger.answers.export_columns import EXPORT_COLUMNS
 from usage_ledger.answers.filters import NO_FILTER, CallFilter
 from usage_ledger.answers.reports import runs_report, tickers_report
-from usage_ledger.ledger import BlobNotFound, Database, read_blob
+from usage_ledger.ledger import BlobNotFound, Database, call_stream, read_blob
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections import (
     CallsPage,
@@ -195,7 +195,7 @@ async def show_call(database: Database, call_id: str, *, bodies: bool = True) ->
     async with database.engine.connect() as conn:
         result = await conn.execute(
             select(events.c.position, events.c.type, events.c.occurred_at, events.c.payload)
-            .where(events.c.stream == f"call-{call_id}")
+            .where(events.c.stream == call_stream(call_id))
             .order_by(events.c.position)
         )
         history = [

@@ -38,6 +38,7 @@ from usage_ledger.ledger import (
     Database,
     RunAnnotated,
     append_events,
+    call_stream,
     configure_logging,
     freeze_startup_heap,
     new_event,
@@ -335,7 +336,7 @@ def retag_command(args: argparse.Namespace) -> int:
             body = CallRetagged(
                 call_id=args.call_id, reason=args.reason, run=args.run, tags=tags, removed_tags=args.remove_tag
             )
-            result = await append_events(database, [new_event(body, stream=f"call-{args.call_id}")])
+            result = await append_events(database, [new_event(body, stream=call_stream(args.call_id))])
         finally:
             await database.dispose()
         print(f"call.retagged appended at position {result.last_position}")

@@ -32,7 +32,7 @@ from sqlalchemy import select
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import Event, decode_event
+from usage_ledger.ledger.events import Event, call_stream, decode_event
 from usage_ledger.ledger.schema import events
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.writer import EventWriter
@@ -82,7 +82,7 @@ async def call_events(call_id: FromPath[str], database: NamedDependency[Database
         raise NotFoundException(f"no call {call_id!r} in the ledger")
     query = (
         select(events.c.position, events.c.type, events.c.occurred_at, events.c.recorded_at, events.c.payload)
-        .where(events.c.stream == f"call-{call_id}")
+        .where(events.c.stream == call_stream(call_id))
         .order_by(events.c.position)
     )
     async with database.engine.connect() as conn:

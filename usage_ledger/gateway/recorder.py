@@ -27,7 +27,7 @@ import structlog
 
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import Durability
-from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, new_event
+from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, call_stream, new_event
 from usage_ledger.ledger.writer import Durable, EventWriter
 
 __all__ = ("CallWatcher", "NotRecorded", "Recorder", "new_call_id")
@@ -42,10 +42,6 @@ def new_call_id() -> str:
 
 class NotRecorded(Exception):
     """Strict durability: the call's final event is durable nowhere (already logged and counted)."""
-
-
-def call_stream(call_id: str) -> str:
-    return f"call-{call_id}"
 
 
 class CallWatcher(Protocol):

@@ -43,6 +43,7 @@ from usage_ledger.ledger import (
     Database,
     NewEvent,
     appending,
+    call_stream,
     new_event,
     translate_db_error,
 )
@@ -103,7 +104,7 @@ def _rows(path: Path, kind: Format, source: str) -> Iterator[_Row]:
             legacy = None
             if fields.get("call_id") is None:
                 legacy = uuid.uuid5(NAMESPACE, f"{source}\n{occurrence}\n{content.decode()}")
-            event = new_event(body, stream=f"call-{body.call_id}", occurred_at=body.finished_at, event_id=event_id)
+            event = new_event(body, stream=call_stream(body.call_id), occurred_at=body.finished_at, event_id=event_id)
             yield line, consumed, event, legacy
 
 

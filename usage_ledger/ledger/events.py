@@ -35,6 +35,7 @@ __all__ = (
     "Timings",
     "Usage",
     "UsageSource",
+    "call_stream",
     "decode_event",
     "encode_event",
     "event_type",
@@ -337,6 +338,12 @@ def event_type(body: Event) -> str:
     tag = body.__struct_config__.tag
     assert isinstance(tag, str)
     return tag
+
+
+def call_stream(call_id: str) -> str:
+    """The stream of one call's events (started, finished or failed, retagged, labelled): `call-<call_id>`.
+    The rebuild's workers split the calls by it, and readers find a call's events by it."""
+    return f"call-{call_id}"
 
 
 def new_event(

@@ -16,6 +16,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from usage_ledger.ledger import call_stream
 from usage_ledger.ledger.schema import UTCDateTime
 from usage_ledger.projections._digest_lines import encode_page
 from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
@@ -69,7 +70,7 @@ class CallsProjection:
     def partition_key(payload: str) -> str:
         """A call event's stream, `call-<call id>` (every event of the calls model names a call; a row reads
         only its call's events)."""
-        return "call-" + _key_decoder.decode(payload).call_id
+        return call_stream(_key_decoder.decode(payload).call_id)
 
     async def fold(
         self, conn: AsyncConnection, version: int, page: Sequence[tuple[int, str, str]], unwritten: Sequence[Any] = ()

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from usage_ledger.answers import iter_calls
 from usage_ledger.gateway.secrets import is_secret_name
-from usage_ledger.ledger import BlobNotFound, CallStarted, Database, decode_event, read_blob
+from usage_ledger.ledger import BlobNotFound, CallStarted, Database, call_stream, decode_event, read_blob
 from usage_ledger.ledger.schema import blobs, events
 from usage_ledger.projections import CallView
 
@@ -149,7 +149,7 @@ async def _started_events(database: Database, call_ids: list[str]) -> dict[str, 
     if not call_ids:
         return {}
     query = select(events.c.payload).where(
-        events.c.stream.in_([f"call-{call_id}" for call_id in call_ids]), events.c.type == "call.started"
+        events.c.stream.in_([call_stream(call_id) for call_id in call_ids]), events.c.type == "call.started"
     )
     async with database.engine.connect() as conn:
         payloads = (await conn.execute(query)).scalars().all()

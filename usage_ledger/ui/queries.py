@@ -22,7 +22,7 @@ from usage_ledger.answers import (
     live_versions,
     run_filter,
 )
-from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, read_blob
+from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, call_stream, read_blob
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections import CALL_STATUSES, CallView, NotFound, RunRow, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
@@ -178,7 +178,7 @@ async def call_detail(database: Database, call_id: str, *, bodies: bool) -> Call
     async with database.engine.connect() as conn:
         result = await conn.execute(
             select(events.c.position, events.c.type, events.c.occurred_at, events.c.payload)
-            .where(events.c.stream == f"call-{call_id}")
+            .where(events.c.stream == call_stream(call_id))
             .order_by(events.c.position)
         )
         history = [
