@@ -23,7 +23,7 @@ from usage_ledger.commands import replay as replay_commands
 from usage_ledger.commands import ui as ui_commands
 from usage_ledger.emulator import register_commands as register_emulator_commands
 from usage_ledger.followers import otel_follower_process, projections_follower_process
-from usage_ledger.gateway.serve import Background
+from usage_ledger.gateway import Background
 from usage_ledger.ledger import VERSION, Database
 from usage_ledger.settings import Settings
 from usage_ledger.ui import build_ui_routers

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway import GatewaySettings
 from usage_ledger.ledger import ENV_PREFIX, ConfigError, LogSettings, StorageSettings
 from usage_ledger.otel import OtelSettings
 from usage_ledger.projections import ReportSettings

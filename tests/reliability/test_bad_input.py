@@ -23,7 +23,7 @@ from tests.gateway.conftest import rigged
 from tests.gateway.upstream import read_body
 from tests.reliability.helpers import ledger_cli, read_blobs, read_ledger
 from usage_ledger.gateway.errors import InvalidLedgerHeader
-from usage_ledger.gateway.headers import MAX_TAGS, MAX_VALUE, parse_ledger_headers
+from usage_ledger.gateway.headers import MAX_HEADER_VALUE, MAX_TAGS, parse_ledger_headers
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.imports.importer import parse_file
 from usage_ledger.ledger.db import Database
@@ -32,7 +32,9 @@ from usage_ledger.ledger.db import Database
 _tag_names = st.from_regex(r"[a-z0-9][a-z0-9_.\-]{0,63}", fullmatch=True)
 _values = (
     st.text(
-        st.characters(min_codepoint=0x20, exclude_categories=("Cs", "Cc", "Zl", "Zp")), min_size=1, max_size=MAX_VALUE
+        st.characters(min_codepoint=0x20, exclude_categories=("Cs", "Cc", "Zl", "Zp")),
+        min_size=1,
+        max_size=MAX_HEADER_VALUE,
     )
     .map(str.strip)
     .filter(bool)
@@ -61,7 +63,7 @@ def test_valid_ledger_headers_round_trip(run: str | None, ticker: str | None, ta
                 lambda p: st.binary(max_size=70).map(lambda b: p + b.lower()) if p.endswith(b"-") else st.just(p)
             )
             | st.binary(max_size=20).map(lambda b: b"x-ledger-" + b),
-            st.binary(max_size=MAX_VALUE + 20),
+            st.binary(max_size=MAX_HEADER_VALUE + 20),
         ),
         min_size=1,
         max_size=MAX_TAGS + 3,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from litestar import Router
 
-from usage_ledger.gateway.serve import Background, serve
+from usage_ledger.gateway import Background, serve
 from usage_ledger.ledger import Database, LedgerError, configure_logging
 from usage_ledger.settings import Settings, load_settings
 

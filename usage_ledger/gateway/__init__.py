@@ -1,6 +1,31 @@
 """The gateway: a byte-transparent, recording reverse proxy in front of an OpenAI-compatible server.
 
-Imports `ledger` only. Entry points: `serve` (what `ledger serve` runs), `create_app` (the gateway's ASGI app) and `commands.register`.
+Imports `ledger` only, through its face. Entry points: `serve` (what `ledger serve` runs), `create_app` (the
+gateway's ASGI app), `gateway_app` + `listening` (`ledger replay`'s in-process gateway).
+
+A streamed call's path, accept to commit (the modules it crosses, in order; from a py-spy recording of 2,500
+streamed calls through `ledger serve` on SQLite, 2026-12-05):
+
+    connections   uvicorn's httptools protocol with the gateway's limits (head, idle, the connection cap)
+    app           admin paths to Litestar, the rest to the proxy
+    proxy         the passthrough's ASGI handler: one `Call` per request
+    call          one call: request → upstream → relay → record
+      body          the request body under the limits: size, shared budget, a minimum rate (408 below it)
+      headers       `X-Ledger-*` read and stripped, hop-by-hop dropped; secrets (names never recorded)
+      inspect       what the request is: a call or not, its model and sampling, its stream options
+      upstream      the shared aiohttp client: the request sent, the response's head
+      relay         how body bytes go to the client: as they come, the end held back for the record
+      sse, usage    the SSE scanner; the tokens and usage per inference API
+      kept          the response's bytes kept for its blob, within a per-call cap and a shared budget
+      observed      what the response said, noted as it passes: token moments, usage, finish reasons
+      response      the ASGI response to the client (aborted, not ended, when the upstream breaks)
+      recorder      `call.started` / `call.finished` events, durable before the last byte in strict mode
+      metrics, limits
+    ledger        writer (group commit) → append → events, blobs, chunk_gaps, counts, _rows, chain, schema
+                  → _thread + sqlite_append (or pg_append)
+
+18 modules of the gateway and 11 of the ledger. The HTTP layers under `connections` and `upstream` are
+uvicorn's and aiohttp's (issue #38: docs/BENCHMARKS.md, "The gateway's HTTP stack").
 """
 
 from __future__ import annotations
@@ -15,16 +40,23 @@ from usage_ledger.gateway.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from usage_ledger.gateway.serve import Background, serve
+from usage_ledger.gateway.headers import MAX_HEADER_VALUE
+from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.secrets import is_secret_name
+from usage_ledger.gateway.serve import Background, bind_socket, gateway_app, listening, serve
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.sse import SseEvent, SseScanner
 from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
 
 __all__ = (
+    "MAX_HEADER_VALUE",
     "Background",
     "BodyTooLarge",
     "GatewayApp",
     "GatewayError",
+    "GatewaySettings",
     "InvalidLedgerHeader",
+    "Metrics",
     "SseEvent",
     "SseScanner",
     "Upstream",
@@ -33,6 +65,10 @@ __all__ = (
     "UpstreamResponse",
     "UpstreamTimeout",
     "UpstreamUnreachable",
+    "bind_socket",
     "create_app",
+    "gateway_app",
+    "is_secret_name",
+    "listening",
     "serve",
 )

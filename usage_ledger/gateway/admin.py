@@ -31,11 +31,8 @@ from sqlalchemy import select
 
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import Event, call_stream, decode_event
+from usage_ledger.ledger import VERSION, Database, Event, EventWriter, call_stream, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.version import VERSION
-from usage_ledger.ledger.writer import EventWriter
 
 __all__ = ("CallEvent", "CallEvents", "admin_guard", "call_events", "create_admin_app")
 

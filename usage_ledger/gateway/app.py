@@ -18,8 +18,7 @@ from usage_ledger.gateway.recorder import Recorder
 from usage_ledger.gateway.response import Responder
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream import Upstream
-from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.writer import EventWriter
+from usage_ledger.ledger import Database, EventWriter
 
 __all__ = ("GatewayApp", "create_app", "is_admin_path")
 

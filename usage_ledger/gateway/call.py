@@ -41,8 +41,7 @@ from usage_ledger.gateway.response import AbortResponse, Responder
 from usage_ledger.gateway.secrets import recorded_query
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
-from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, Timings, Usage, UsageSource
-from usage_ledger.ledger.writer import Durable
+from usage_ledger.ledger import CallFailed, CallFinished, CallStarted, Durable, Timings, Usage, UsageSource
 
 
 class Proxy(Protocol):

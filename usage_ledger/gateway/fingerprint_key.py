@@ -33,8 +33,7 @@ from pathlib import Path
 import structlog
 
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.durable import check_owned, fsync_dir
-from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger import ConfigError, check_owned, fsync_dir
 
 __all__ = ("DEFAULT_KEY_FILE_NAME", "FINGERPRINT_PREFIX", "FingerprintKey", "key_file_path", "load_fingerprint_key")
 

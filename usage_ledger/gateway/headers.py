@@ -45,7 +45,7 @@ PREFIX = b"x-ledger-"
 _TAG_PREFIX = b"x-ledger-tag-"
 _RUN = b"x-ledger-run"
 _TICKER = b"x-ledger-ticker"
-MAX_VALUE = 256
+MAX_HEADER_VALUE = 256
 MAX_TAGS = 32
 _NAME = re.compile(rb"[a-z0-9][a-z0-9_.\-]{0,63}")
 
@@ -76,9 +76,9 @@ def _value(name: bytes, raw: bytes) -> str:
         raise InvalidLedgerHeader(f"header {header} is not valid UTF-8", param=header) from None
     if not text:
         raise InvalidLedgerHeader(f"header {header} is empty; omit it or give a value", param=header)
-    if len(text) > MAX_VALUE:
+    if len(text) > MAX_HEADER_VALUE:
         raise InvalidLedgerHeader(
-            f"header {header} is {len(text)} characters long; the limit is {MAX_VALUE}", param=header
+            f"header {header} is {len(text)} characters long; the limit is {MAX_HEADER_VALUE}", param=header
         )
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
         raise InvalidLedgerHeader(f"header {header} contains control characters", param=header)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from usage_ledger.ledger.events import Sampling
+from usage_ledger.ledger import Sampling
 
 __all__ = (
     "INFERENCE_PATHS",

@@ -21,7 +21,7 @@ from usage_ledger.gateway.encoding import BodyDecoder, UnreadableBody
 from usage_ledger.gateway.headers import Header
 from usage_ledger.gateway.limits import ByteBudget
 from usage_ledger.gateway.usage import read_usage
-from usage_ledger.ledger.events import Usage
+from usage_ledger.ledger import Usage
 
 __all__ = ("BUDGET_STEP", "TAIL_BYTES", "KeptBody", "usage_from_tail")
 

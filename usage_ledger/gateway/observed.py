@@ -17,10 +17,7 @@ from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.relay import SseRelay, cut_event
 from usage_ledger.gateway.sse import SseEvent
 from usage_ledger.gateway.usage import TOKEN_CHUNK, inspect_chunk, inspect_response
-from usage_ledger.ledger.blobs import blob_hash
-from usage_ledger.ledger.chunk_gaps import encode_chunk_gaps
-from usage_ledger.ledger.counts import usage_problem
-from usage_ledger.ledger.events import Usage, UsageSource
+from usage_ledger.ledger import Usage, UsageSource, blob_hash, encode_chunk_gaps, usage_problem
 
 __all__ = ("MAX_CHUNK_GAPS", "Observed")
 

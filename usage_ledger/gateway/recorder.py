@@ -27,8 +27,7 @@ import structlog
 
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import Durability
-from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, call_stream, new_event
-from usage_ledger.ledger.writer import Durable, EventWriter
+from usage_ledger.ledger import CallFailed, CallFinished, CallStarted, Durable, EventWriter, call_stream, new_event
 
 __all__ = ("CallWatcher", "NotRecorded", "Recorder", "new_call_id")
 

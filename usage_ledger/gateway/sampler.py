@@ -22,8 +22,7 @@ import structlog
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.upstream import tls_context
 from usage_ledger.gateway.upstream_metrics import MetricsUnreadable, parse_metrics
-from usage_ledger.ledger.events import SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
-from usage_ledger.ledger.writer import Durable, EventWriter
+from usage_ledger.ledger import Durable, EventWriter, SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
 
 __all__ = ("RUN_END_DELAY_S", "SERVER_STREAM", "ServerSampler")
 

@@ -34,15 +34,19 @@ from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.state import adopt_legacy_state
 from usage_ledger.gateway.upstream import Upstream
-from usage_ledger.ledger.checkpointer import Checkpointer
-from usage_ledger.ledger.db import Database, open_database
-from usage_ledger.ledger.errors import ConfigError, DatabaseUnavailable
-from usage_ledger.ledger.heap import freeze_startup_heap
-from usage_ledger.ledger.migrate import require_head
-from usage_ledger.ledger.settings import StorageSettings
-from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.waiting import wait_up_to
-from usage_ledger.ledger.writer import EventWriter
+from usage_ledger.ledger import (
+    Checkpointer,
+    ConfigError,
+    Database,
+    DatabaseUnavailable,
+    EventWriter,
+    Spool,
+    StorageSettings,
+    freeze_startup_heap,
+    open_database,
+    require_head,
+    wait_up_to,
+)
 
 __all__ = ("ApiFactory", "Background", "bind_socket", "gateway_app", "listening", "serve")
 

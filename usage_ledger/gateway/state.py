@@ -21,9 +21,7 @@ import structlog
 
 from usage_ledger.gateway.fingerprint_key import DEFAULT_KEY_FILE_NAME
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.settings import StorageSettings
-from usage_ledger.ledger.spool import Spool
+from usage_ledger.ledger import ConfigError, Spool, StorageSettings
 
 __all__ = ("LEGACY_SPOOL_DIR", "adopt_legacy_state")
 

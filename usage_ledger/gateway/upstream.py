@@ -27,7 +27,7 @@ from yarl import URL
 from usage_ledger.gateway.errors import UpstreamError, UpstreamReset, UpstreamTimeout, UpstreamUnreachable
 from usage_ledger.gateway.headers import Header
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger import ConfigError
 
 __all__ = ("KEEPALIVE_EXPIRY_S", "Upstream", "UpstreamResponse", "tls_context")
 

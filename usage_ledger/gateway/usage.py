@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from usage_ledger.ledger.events import Usage
+from usage_ledger.ledger import Usage
 
 __all__ = (
     "TOKEN_CHUNK",

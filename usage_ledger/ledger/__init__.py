@@ -14,10 +14,11 @@ from usage_ledger.ledger.checkpoint import (
     sign_checkpoint,
     write_key_files,
 )
-from usage_ledger.ledger.checkpointer import read_checkpoint_notes, write_checkpoint_file
-from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps
-from usage_ledger.ledger.counts import count_problem, plausible_count
+from usage_ledger.ledger.checkpointer import Checkpointer, read_checkpoint_notes, write_checkpoint_file
+from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
+from usage_ledger.ledger.counts import count_problem, plausible_count, usage_problem
 from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.durable import check_owned, fsync_dir
 from usage_ledger.ledger.errors import (
     BlobNotFound,
     ConfigError,
@@ -33,6 +34,7 @@ from usage_ledger.ledger.events import (
     CallImported,
     CallRetagged,
     CallStarted,
+    Event,
     LabelsRecorded,
     NewEvent,
     ProjectionPromoted,
@@ -40,7 +42,13 @@ from usage_ledger.ledger.events import (
     RecordedReturn,
     ReturnsRecorded,
     RunAnnotated,
+    SampleTrigger,
+    Sampling,
+    ServedModel,
     ServerSampled,
+    Timings,
+    Usage,
+    UsageSource,
     call_stream,
     decode_event,
     new_event,
@@ -66,7 +74,7 @@ from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, verify_chain
 from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.waiting import wait_up_to
-from usage_ledger.ledger.writer import EventWriter, replay_spool
+from usage_ledger.ledger.writer import Durable, EventWriter, replay_spool
 
 __all__ = (
     "CLOCK_SKEW",
@@ -82,9 +90,12 @@ __all__ = (
     "CallRetagged",
     "CallStarted",
     "ChainReport",
+    "Checkpointer",
     "ConfigError",
     "Database",
     "DatabaseUnavailable",
+    "Durable",
+    "Event",
     "EventWriter",
     "LabelsRecorded",
     "LedgerError",
@@ -96,19 +107,26 @@ __all__ = (
     "RecordedReturn",
     "ReturnsRecorded",
     "RunAnnotated",
+    "SampleTrigger",
+    "Sampling",
     "SchemaError",
+    "ServedModel",
     "ServerSampled",
     "Spool",
     "SpoolCorrupt",
     "SqliteWrite",
     "StorageSettings",
     "StoredEvent",
+    "Timings",
+    "Usage",
+    "UsageSource",
     "append_events",
     "appending",
     "blob_hash",
     "blob_redacted_at",
     "call_stream",
     "chain_head",
+    "check_owned",
     "configure_logging",
     "count_problem",
     "current_revision",
@@ -117,8 +135,10 @@ __all__ = (
     "decode_event",
     "downgrade_database",
     "downgrade_steps",
+    "encode_chunk_gaps",
     "follow_events",
     "freeze_startup_heap",
+    "fsync_dir",
     "generate_key",
     "head_position",
     "head_revision",
@@ -139,6 +159,7 @@ __all__ = (
     "snapshot",
     "translate_db_error",
     "upgrade_database",
+    "usage_problem",
     "utc_now",
     "verify_chain",
     "verify_ledger",

@@ -25,9 +25,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from usage_ledger.gateway.metrics import Metrics
-from usage_ledger.gateway.serve import bind_socket, gateway_app, listening
-from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway import GatewaySettings, Metrics, bind_socket, gateway_app, listening
 from usage_ledger.ledger import Database, StorageSettings
 
 __all__ = ("RecordingGateway", "recording_gateway")

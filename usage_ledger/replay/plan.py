@@ -22,7 +22,7 @@ import msgspec
 from sqlalchemy import select
 
 from usage_ledger.answers import iter_calls
-from usage_ledger.gateway.secrets import is_secret_name
+from usage_ledger.gateway import is_secret_name
 from usage_ledger.ledger import BlobNotFound, CallStarted, Database, call_stream, decode_event, read_blob
 from usage_ledger.ledger.schema import blobs, events
 from usage_ledger.projections import CallView

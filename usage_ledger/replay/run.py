@@ -32,8 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from usage_ledger.answers import Comparison, calls_page, compare_runs
-from usage_ledger.gateway.headers import MAX_VALUE
-from usage_ledger.gateway.settings import GatewaySettings
+from usage_ledger.gateway import MAX_HEADER_VALUE, GatewaySettings
 from usage_ledger.ledger import (
     ConfigError,
     Database,
@@ -119,8 +118,10 @@ async def _new_run_name(database: Database, options: ReplayOptions, run_gap_s: f
         while await _has_calls(database, f"{options.run}-replay-{n}", run_gap_s):
             n += 1
         name = f"{options.run}-replay-{n}"
-    if len(name) > MAX_VALUE or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
-        raise ConfigError(f"run name {name[:40]!r}…: at most {MAX_VALUE} printable characters; give one with --as")
+    if len(name) > MAX_HEADER_VALUE or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        raise ConfigError(
+            f"run name {name[:40]!r}…: at most {MAX_HEADER_VALUE} printable characters; give one with --as"
+        )
     return name
 
 
