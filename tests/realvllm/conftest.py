@@ -6,7 +6,8 @@ unless `LEDGER_TEST_REQUIRE_VLLM=1` (set by CI), where they fail instead.
 
 Servers start one at a time (two cores): `vllm_server(config)` stops the previous configuration's
 server before it starts the next one, and the tests ask for configurations in order, so each starts
-once; the last one stops with the module, before the rest of the suite runs.
+once; the last one stops with the module, before the rest of the suite runs. They run eagerly, without
+torch.compile's warm-up (servers.EAGER_ARGS).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class ServerPool:
         if self.current is not None and self.current.config == config:
             return self.current
         self.close()
-        self.current = start_vllm(self.python, self.model, config, self.log_dir)
+        self.current = start_vllm(self.python, self.model, config, self.log_dir, eager=True)
         self.starts.append((config, self.current.started_in_s))
         return self.current
 

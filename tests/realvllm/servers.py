@@ -23,6 +23,7 @@ from usage_ledger.processes import free_port
 
 __all__ = (
     "CONFIGS",
+    "EAGER_ARGS",
     "EMBEDDING_CONFIGS",
     "GENERATE_CONFIGS",
     "MAX_MODEL_LEN",
@@ -71,6 +72,12 @@ CONFIGS: dict[str, tuple[str, ...]] = {
 }
 GENERATE_CONFIGS = ("defaults", "force_usage_metrics", "spec_decode")
 EMBEDDING_CONFIGS = ("embeddings",)
+
+# The tier's servers run eagerly (`start_vllm(..., eager=True)`): torch.compile's warm-up was about half
+# of each start-up (62 of 134 s under load; four start-ups a suite) and changes nothing the gateway
+# sees — routes, bytes, counters, metrics blocks and n-gram drafts are the model's and the server's,
+# not the kernels'. The fixture recorder (record.py) keeps vLLM's default.
+EAGER_ARGS = ("--enforce-eager",)
 
 VLLM_ENV = {
     "HF_HUB_OFFLINE": "1",  # never a model hub
@@ -168,11 +175,18 @@ def _reap_group(pgid: int, grace_s: float = 10.0) -> None:
 
 
 def start_vllm(
-    python: Path, model_dir: Path, config: str, log_dir: Path, timeout_s: float = START_TIMEOUT_S
+    python: Path,
+    model_dir: Path,
+    config: str,
+    log_dir: Path,
+    timeout_s: float = START_TIMEOUT_S,
+    *,
+    eager: bool = False,
 ) -> VllmServer:
     """Start vLLM with `config` on a free loopback port; return once `/health` answers 200.
 
-    Start-up takes 45 s to 2.5 min on two cores. On failure the error carries the server's log.
+    Start-up takes 45 s to 2.5 min on two cores (`eager`: without torch.compile, 25-50 s). On failure
+    the error carries the server's log.
     """
     port = free_port()
     args = [
@@ -187,6 +201,7 @@ def start_vllm(
         "--port",
         str(port),
         *server_args(config),
+        *(EAGER_ARGS if eager else ()),
     ]
     url = f"http://127.0.0.1:{port}"
     process = Process(args, f"{url}/health", log_dir / f"vllm-{config}-{port}.log", env=VLLM_ENV)
