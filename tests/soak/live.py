@@ -75,7 +75,9 @@ class Live:
             await verify_fast(self.db_url)
         except AssertionError as exc:
             self.violations.append(f"live: the chain does not verify: {exc}")
-        except Exception:  # the database is down at this moment
-            self.rounds["verify_skipped"] += 1
+        except Exception as exc:  # the database is down at this moment (the summary says what was raised)
+            self.rounds[
+                f"verify_skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
+            ] += 1
             return
         self.rounds["verified"] += 1
