@@ -13,7 +13,7 @@ from usage_ledger.answers._aggregate import run_filter
 from usage_ledger.answers.agreement import Agreement, agreement_report, parse_where
 from usage_ledger.answers.agreement_labels import labels_from_ledger
 from usage_ledger.answers.agreement_text import regex_extractor
-from usage_ledger.answers.api import Formula, Zone, build_api_routers, error_response, split_runs
+from usage_ledger.answers.api import build_api_routers, error_response, split_runs
 from usage_ledger.answers.audit import audit_run
 from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
 from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
@@ -53,10 +53,8 @@ __all__ = (
     "Comparison",
     "Decision",
     "EraRow",
-    "Formula",
     "GroupFigures",
     "RunAnswer",
-    "Zone",
     "agreement_report",
     "audit_run",
     "build_api_routers",

@@ -7,6 +7,7 @@ Errors are Litestar's `{status_code, detail}`: 400 for a parameter that is out o
 
 from __future__ import annotations
 
+import zoneinfo
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
@@ -14,8 +15,8 @@ from litestar import Router, get
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.params import QueryParameter
 
-from usage_ledger.answers import STATUS_PATTERN, WHEN_SCHEMA, Formula, Zone, error_response, parse_filter
-from usage_ledger.projections import NotFound, ProjectionError, projection_text_or_none
+from usage_ledger.answers import STATUS_PATTERN, WHEN_SCHEMA, error_response, parse_filter
+from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, projection_text_or_none
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.queries import CallDetail, CallQuery, CallsList, call_detail, list_calls
 from usage_ledger.ui.reader import Reader
@@ -37,6 +38,21 @@ __all__ = ("api_router", "call_query")
 MAX_LIMIT = 1000
 
 Text = Annotated[str | None, QueryParameter(description="exact value; empty = any")]
+# The dashboard's forms send every field, so here an empty formula or zone means the default (the
+# `/_ledger/api/` endpoints refuse an empty zone), and the schema says so.
+Formula = Annotated[
+    str | None,
+    QueryParameter(
+        description="a throughput formula; empty = the default", schema_extra={"enum": ["", *sorted(FORMULAS)]}
+    ),
+]
+Zone = Annotated[
+    str | None,
+    QueryParameter(
+        description="an IANA time zone; empty = the gateway's LEDGER_TZ",
+        schema_extra={"enum": ["", *sorted(zoneinfo.available_timezones())]},
+    ),
+]
 Moment = Annotated[
     str | None,
     QueryParameter(
