@@ -11,7 +11,7 @@ streamed calls through `ledger serve` on SQLite, 2026-12-05):
     proxy         the passthrough's ASGI handler: one `Call` per request
     call          one call: request → upstream → relay → record
       body          the request body under the limits: size, shared budget, a minimum rate (408 below it)
-      headers       `X-Ledger-*` read and stripped, hop-by-hop dropped; secrets (names never recorded)
+      headers       `X-Ledger-*` read and stripped, hop-by-hop dropped; secrets (their values never recorded)
       inspect       what the request is: a call or not, its model and sampling, its stream options
       upstream      the shared aiohttp client: the request sent, the response's head
       relay         how body bytes go to the client: as they come, the end held back for the record
