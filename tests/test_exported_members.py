@@ -88,6 +88,7 @@ EXPORTED = {
         "read_blob",
         "read_checkpoint_notes",
         "read_events",
+        "read_stream",
         "redact_blob",
         "replay_spool",
         "require_head",

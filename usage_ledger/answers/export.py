@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import IO, Any
 
 import msgspec
-from sqlalchemy import select
 
 from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
 from usage_ledger.answers.export_columns import EXPORT_COLUMNS
 from usage_ledger.answers.filters import NO_FILTER, CallFilter
 from usage_ledger.answers.reports import runs_report, tickers_report
-from usage_ledger.ledger import BlobNotFound, Database, call_stream, read_blob
-from usage_ledger.ledger.schema import events
+from usage_ledger.ledger import BlobNotFound, Database, call_stream, read_blob, read_stream
 from usage_ledger.projections import (
     CallsPage,
     CallView,
@@ -193,16 +191,11 @@ async def show_call(database: Database, call_id: str, *, bodies: bool = True) ->
     """A call's row, its events and (decompressed) request and response bodies."""
     view = await get_call(database, call_id)
     async with database.engine.connect() as conn:
-        result = await conn.execute(
-            select(events.c.position, events.c.type, events.c.occurred_at, events.c.payload)
-            .where(events.c.stream == call_stream(call_id))
-            .order_by(events.c.position)
-        )
         history = [
             EventView(
-                position=r.position, type=r.type, occurred_at=r.occurred_at, payload=msgspec.Raw(r.payload.encode())
+                position=e.position, type=e.type, occurred_at=e.occurred_at, payload=msgspec.Raw(e.payload.encode())
             )
-            for r in result
+            for e in await read_stream(conn, call_stream(call_id))
         ]
         request = await _body(conn, view.request_blob) if bodies else None
         response = await _body(conn, view.response_blob) if bodies else None

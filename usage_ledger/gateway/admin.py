@@ -27,12 +27,10 @@ from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.params import FromPath
-from sqlalchemy import select
 
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger import VERSION, Database, Event, EventWriter, call_stream, decode_event
-from usage_ledger.ledger.schema import events
+from usage_ledger.ledger import VERSION, Database, Event, EventWriter, call_stream, read_stream
 
 __all__ = ("CallEvent", "CallEvents", "admin_guard", "call_events", "create_admin_app")
 
@@ -77,20 +75,17 @@ async def call_events(call_id: FromPath[str], database: NamedDependency[Database
     """The ledger events of one call (404 if it has none)."""
     if "\x00" in call_id and database.backend == "postgresql":  # its stream column cannot hold NUL: no such call
         raise NotFoundException(f"no call {call_id!r} in the ledger")
-    query = (
-        select(events.c.position, events.c.type, events.c.occurred_at, events.c.recorded_at, events.c.payload)
-        .where(events.c.stream == call_stream(call_id))
-        .order_by(events.c.position)
-    )
     async with database.engine.connect() as conn:
-        rows = (await conn.execute(query)).all()
-    if not rows:
+        stored = await read_stream(conn, call_stream(call_id))
+    if not stored:
         raise NotFoundException(f"no call {call_id!r} in the ledger")
     return CallEvents(
         call_id=call_id,
         events=[
-            CallEvent(position=r[0], type=r[1], occurred_at=r[2], recorded_at=r[3], body=decode_event(r[4]))
-            for r in rows
+            CallEvent(
+                position=e.position, type=e.type, occurred_at=e.occurred_at, recorded_at=e.recorded_at, body=e.body()
+            )
+            for e in stored
         ],
     )
 

@@ -66,7 +66,7 @@ from usage_ledger.ledger.migrate import (
     revision_history,
     upgrade_database,
 )
-from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, iter_events, read_events
+from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, iter_events, read_events, read_stream
 from usage_ledger.ledger.settings import ENV_PREFIX, LogSettings, StorageSettings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.sqlite_append import SqliteWrite
@@ -151,6 +151,7 @@ __all__ = (
     "read_blob",
     "read_checkpoint_notes",
     "read_events",
+    "read_stream",
     "redact_blob",
     "replay_spool",
     "require_head",

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import Any
 
 import msgspec
 from sqlalchemy import func, select
@@ -15,7 +16,15 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event, decode_event
 from usage_ledger.ledger.schema import events
 
-__all__ = ("STORED_COLUMNS", "StoredEvent", "follow_events", "head_position", "iter_events", "read_events")
+__all__ = (
+    "STORED_COLUMNS",
+    "StoredEvent",
+    "follow_events",
+    "head_position",
+    "iter_events",
+    "read_events",
+    "read_stream",
+)
 
 
 class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,19 +50,26 @@ async def read_events(conn: AsyncConnection, after: int = 0, limit: int = 1000) 
     result = await conn.execute(
         select(*STORED_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(limit)
     )
-    return [
-        StoredEvent(
-            position=r[0],
-            event_id=r[1],
-            type=r[2],
-            stream=r[3],
-            occurred_at=r[4],
-            recorded_at=r[5],
-            payload=r[6],
-            hash=r[7],
-        )
-        for r in result
-    ]
+    return [_stored(r) for r in result]
+
+
+async def read_stream(conn: AsyncConnection, stream: str) -> list[StoredEvent]:
+    """Every event of `stream` (a call's: `call_stream(call_id)`), in position order."""
+    result = await conn.execute(select(*STORED_COLUMNS).where(events.c.stream == stream).order_by(events.c.position))
+    return [_stored(r) for r in result]
+
+
+def _stored(r: Any) -> StoredEvent:
+    return StoredEvent(
+        position=r[0],
+        event_id=r[1],
+        type=r[2],
+        stream=r[3],
+        occurred_at=r[4],
+        recorded_at=r[5],
+        payload=r[6],
+        hash=r[7],
+    )
 
 
 async def head_position(conn: AsyncConnection) -> int:

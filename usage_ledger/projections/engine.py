@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -181,28 +181,15 @@ async def write_checkpoint(conn: AsyncConnection, name: str, version: int, posit
     )
 
 
-_READ_PAGE = (
-    "SELECT position, type, payload FROM ledger_events WHERE position > {a} AND position <= {b} ORDER BY position"
-)
-
-
 async def read_page(database: Database, after: int, until: int) -> list[tuple[int, str, str]]:
-    """The events at positions (`after`, `until`], through the driver (no per-row SQLAlchemy processing).
+    """The events at positions (`after`, `until`], as (position, type, payload), through the driver (no
+    per-row SQLAlchemy processing).
 
     A position range, never `type IN (…) … LIMIT`: PostgreSQL plans that as a scan of every remaining event
     and a sort per page; a range of the primary key is read in order on both backends.
     """
-    async with database.engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert driver is not None
-        if conn.dialect.name == "postgresql":
-            records = await driver.fetch(_READ_PAGE.format(a="$1", b="$2"), after, until)
-            return [(r[0], r[1], r[2]) for r in records]
-        cursor = await driver.execute(_READ_PAGE.format(a="?", b="?"), (after, until))
-        try:
-            return list(await cursor.fetchall())
-        finally:
-            await cursor.close()
+    query = "SELECT position, type, payload FROM ledger_events WHERE position > {} AND position <= {} ORDER BY position"
+    return await _fetch(database, query, [after, until])
 
 
 async def read_streams_page(
@@ -220,12 +207,17 @@ async def read_streams_page(
             where.append(f"stream || '' {op} {{}}")
             params.append(bound)
     query = f"SELECT position, type, stream, payload FROM ledger_events WHERE {' AND '.join(where)} ORDER BY position"
+    return await _fetch(database, query, params)
+
+
+async def _fetch(database: Database, query: str, params: list[int | str]) -> list[Any]:
+    """`query` (its parameters written `{}`) run by the driver itself, rows as tuples, on either backend."""
     async with database.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None
         if conn.dialect.name == "postgresql":
             records = await driver.fetch(query.format(*(f"${i}" for i in range(1, len(params) + 1))), *params)
-            return [(r[0], r[1], r[2], r[3]) for r in records]
+            return [tuple(r) for r in records]
         cursor = await driver.execute(query.format(*("?" * len(params))), params)
         try:
             return list(await cursor.fetchall())

@@ -22,8 +22,7 @@ from usage_ledger.answers import (
     live_versions,
     run_filter,
 )
-from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, call_stream, read_blob
-from usage_ledger.ledger.schema import events
+from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, call_stream, read_blob, read_stream
 from usage_ledger.projections import CALL_STATUSES, CallView, NotFound, RunRow, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
@@ -176,14 +175,9 @@ async def call_detail(database: Database, call_id: str, *, bodies: bool) -> Call
     """A call's row, its ledger events and, when `bodies`, its request and response bodies."""
     view = await get_call(database, call_id, refresh=False)
     async with database.engine.connect() as conn:
-        result = await conn.execute(
-            select(events.c.position, events.c.type, events.c.occurred_at, events.c.payload)
-            .where(events.c.stream == call_stream(call_id))
-            .order_by(events.c.position)
-        )
         history = [
-            EventRow(position=r.position, type=r.type, occurred_at=r.occurred_at, payload=_pretty(r.payload))
-            for r in result
+            EventRow(position=e.position, type=e.type, occurred_at=e.occurred_at, payload=_pretty(e.payload))
+            for e in await read_stream(conn, call_stream(call_id))
         ]
         if not bodies:
             return CallDetail(call=view, events=history, bodies_shown=False)
