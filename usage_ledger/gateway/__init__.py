@@ -3,8 +3,8 @@
 Imports `ledger` only, through its face. Entry points: `serve` (what `ledger serve` runs), `create_app` (the
 gateway's ASGI app), `gateway_app` + `listening` (`ledger replay`'s in-process gateway).
 
-A streamed call's path, accept to commit (the modules it crosses, in order; from a py-spy recording of 2,500
-streamed calls through `ledger serve` on SQLite, 2026-12-05):
+A streamed call's path, accept to commit (the modules it crosses, in order: those py-spy saw in `ledger serve`
+relaying streamed calls on SQLite, 2026-12-05, put in the order the code calls them):
 
     connections   uvicorn's httptools protocol with the gateway's limits (head, idle, the connection cap)
     app           admin paths to Litestar, the rest to the proxy
