@@ -25,6 +25,9 @@ class TcpCut:
         self.server: asyncio.Server | None = None
         self.port = processes.free_port()
         self.writers: set[asyncio.StreamWriter] = set()
+        self.hold_server_close = False
+        """While set, a connection the server ends keeps the client's side open: the client reads the server's
+        goodbye without the EOF behind it (a race a real network loses now and then) until it goes itself."""
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._relay, "127.0.0.1", self.port)
@@ -46,11 +49,17 @@ class TcpCut:
             return
         self.writers |= {writer, up_writer}
 
+        client_gone = asyncio.Event()
+
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await src.read(65536):
                     dst.write(data)
                     await dst.drain()
+            if src is reader:
+                client_gone.set()
+            elif self.hold_server_close:
+                await client_gone.wait()
             dst.transport.abort()
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy.engine import make_url
 
+from tests.gateway.relay import TcpCut
 from tests.ledger.helpers import allow_inserts, call_events, refuse_inserts
 from usage_ledger.ledger.append import append_events, appending
 from usage_ledger.ledger.db import Database, open_database
@@ -96,6 +98,37 @@ async def test_a_connection_lost_mid_block_appends_none_of_it(fresh_pg_url: str)
         assert (await verify_chain(database)).ok
     finally:
         await database.dispose()
+
+
+async def test_the_servers_goodbye_read_before_its_eof_is_a_lost_connection_too(fresh_pg_url: str) -> None:
+    """The client has read the server's FATAL (57P01) on its idle connection but not yet the EOF behind it: asyncpg
+    then fails the next statement with an InternalClientError, and that is the database unavailable, not a fault."""
+    parsed = make_url(fresh_pg_url)
+    relay = TcpCut(parsed.host or "127.0.0.1", parsed.port or 5432)
+    await relay.start()
+    database = open_database(parsed.set(port=relay.port).render_as_string(hide_password=False), null_pool=True)
+    direct = open_database(fresh_pg_url, null_pool=True)  # not through the relay: its goodbyes are not held
+    await upgrade_database(database)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            async with appending(database) as stream:
+                await stream.add(call_events(1))
+                relay.hold_server_close = True  # the block's connection is the only one through the relay now
+                async with direct.engine.connect() as conn:
+                    ended = await conn.exec_driver_sql(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+                    )
+                    assert ended.scalars().all() == [True]
+                await asyncio.sleep(0.5)  # the goodbye reaches the block's connection; the relay holds the EOF
+                await stream.add(call_events(2))
+        relay.hold_server_close = False
+        assert await _head(database) == 0
+        assert (await append_events(database, call_events(3))).last_position == 2  # connects again
+    finally:
+        await direct.dispose()
+        await database.dispose()
+        await relay.cut()
 
 
 async def test_appends_of_the_same_process_wait_for_the_block(database: Database) -> None:

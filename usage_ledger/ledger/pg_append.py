@@ -330,7 +330,17 @@ async def _run_all(queue: asyncio.Queue[_Step | None]) -> None:
 
 
 def _is_unavailable(exc: BaseException) -> bool:
-    if isinstance(exc, OSError | asyncio.TimeoutError | asyncpg.InterfaceError | asyncpg.PostgresConnectionError):
+    # InternalClientError: the server's goodbye (FATAL 57P01 on a restart or failover) arrived while the connection
+    # was idle and asyncpg's protocol is wrecked until the EOF behind it is read ("cannot switch to state 15; another
+    # operation (2) is in progress"). The connection is lost as surely as after the EOF; only reconnecting helps.
+    lost = (
+        OSError,
+        asyncio.TimeoutError,
+        asyncpg.InterfaceError,
+        asyncpg.PostgresConnectionError,
+        asyncpg.InternalClientError,
+    )
+    if isinstance(exc, lost):
         return True
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate[:2] in _UNAVAILABLE_CLASSES
