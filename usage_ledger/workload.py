@@ -13,7 +13,6 @@ import random
 from collections.abc import Callable
 
 import msgspec
-import openai
 
 __all__ = ("TICKERS", "WorkloadResult", "prompt_messages", "run_workload")
 
@@ -74,6 +73,8 @@ async def run_workload(
     """Send every ticker's steps through the gateway at `base_url`; tags go in X-Ledger-* headers.
 
     `seed`: the requests' sampling seed (vLLM's per-request `seed`), none by default."""
+    import openai  # here, not at the top: half a second every `ledger` command would pay for the demo's client
+
     client = openai.AsyncOpenAI(
         base_url=f"{base_url}/v1",
         api_key="sk-demo-not-a-real-key",

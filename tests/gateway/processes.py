@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 
+from usage_ledger.ledger import open_database, upgrade_database
 from usage_ledger.processes import free_port
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
@@ -73,7 +76,18 @@ def emulator(tmp: Path, *extra: str, speed: float = 20) -> Process:
 
 
 def upgrade(db_url: str) -> None:
-    subprocess.run([LEDGER, "db", "upgrade", "--db", db_url], check=True, capture_output=True)
+    """The ledger at `db_url` migrated, in this process (callable from a running loop too): `ledger db upgrade`
+    would spend a second importing the CLI before each gateway test; the command has tests of its own."""
+
+    async def migrate() -> None:
+        database = open_database(db_url, null_pool=True)
+        try:
+            await upgrade_database(database)
+        finally:
+            await database.dispose()
+
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, migrate()).result()
 
 
 def gateway(
