@@ -51,9 +51,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# The whole suite: lint, types, then every test (PostgreSQL ones need TEST_PG_URL).
+# The whole suite: lint, types, then every test (PostgreSQL ones need TEST_PG_URL): on every core (at most 4),
+# then the `serial` tests alone (they time the box or need its cores: real vLLM, the soak, trickling clients).
 test: lint typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not serial" --numprocesses auto --maxprocesses 4
+	$(BIN)/python -m pytest -m serial
 
 test-fast: venv
 	$(BIN)/python -m pytest -m "not slow" -x -q

@@ -113,8 +113,10 @@ def test_demo_adds_runs_holding_the_seeds_picture(tmp_path: Path) -> None:
     assert "chain intact" in result.stdout
     assert f"added to the existing {db_file.name} (1 run in it already; nothing is deleted)" in result.stdout
     lines = result.stdout.splitlines()
-    # every line fits 100 columns but a URL, printed whole on a line of its own (a wrapped one would not open)
-    wide = [line for line in lines if cell_len(line) > 100 and not re.fullmatch(r" *http://\S+", line)]
+    # every line fits 100 columns but what cannot be broken, printed whole on a line of its own: a URL (a wrapped one
+    # would not open), or one option of a command to copy with its value (a long --db path)
+    unbreakable = r" *http://\S+| *--\S+ \S+( \\)?"
+    wide = [line for line in lines if cell_len(line) > 100 and not re.fullmatch(unbreakable, line)]
     assert wide == []
     runs, tickers, events = _reports(db_file)
     # the earlier call, then each demo call's started + finished (the batches, then their repetitions)

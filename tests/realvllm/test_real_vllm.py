@@ -48,7 +48,7 @@ from tests.realvllm.servers import (
 )
 from usage_ledger.ledger.events import CallFinished
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(900)]
 
 if not default_vllm_python().exists() and not vllm_required():
     # one line under `pytest -ra`; when the tier is required, every test fails instead (conftest)

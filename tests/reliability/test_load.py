@@ -20,7 +20,7 @@ from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.reliability.helpers import Outcome, chat_body, proc_figures, raw_call, read_ledger, verify_fast
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 WORKERS = 14
 CALLS = 1150  # the seed MoE run: 1,700 calls in 46 min, so 30 min ≈ 1,110 calls

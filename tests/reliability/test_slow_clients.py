@@ -31,6 +31,8 @@ from tests.reliability.slow_clients import (
     trickled_head,
 )
 
+pytestmark = pytest.mark.serial  # hundreds of sockets on a timer: alone on the box (`make test`)
+
 FD_LIMIT = 1024
 PARTIAL_HEADS = 1100
 TRICKLERS = 300

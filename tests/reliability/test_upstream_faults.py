@@ -19,7 +19,7 @@ from tests.gateway import processes
 from tests.gateway.processes import Process
 from tests.reliability.helpers import Outcome, chat_body, proc_figures, raw_call, read_ledger, verify_fast
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ROUNDS = 8
 READ_TIMEOUT_S = 0.6

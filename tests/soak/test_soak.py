@@ -21,7 +21,7 @@ from tests.reliability.helpers import CannotMount
 from tests.soak.cluster import ClusterUnavailable
 from tests.soak.soak import SoakConfig, soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # every fault the soak injects on each backend: the test fails if a short run missed one
 _ENVIRONMENT = {"pg": {"kill", "disk_full", "db_stop", "db_crash"}, "sqlite": {"kill", "disk_full", "db_lock"}}
