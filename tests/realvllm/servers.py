@@ -69,7 +69,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
         "summary",
     ),
     # float32: with the model's bfloat16 on a CPU that has AMX, vLLM 0.32.0's CPU attention picks its AMX kernel for
-    # the pooling runner and the worker dies of SIGILL at the first request (a Sapphire Rapids VM, 2026-12-06). The
+    # the pooling runner and the worker dies of SIGILL at the first request (a Xeon VM with AMX, 2026-12-06). The
     # gateway sees the same routes, bytes and counters whatever the dtype of the arithmetic behind them.
     "embeddings": ("--runner", "pooling", "--convert", "embed", "--dtype", "float32"),
 }
