@@ -58,7 +58,7 @@ test: lint typecheck
 	$(BIN)/python -m pytest -m serial
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow" -x -q
+	$(BIN)/python -m pytest -m "not slow and not serial" -x -q --numprocesses auto --maxprocesses 4
 
 bench: venv
 	$(BIN)/python bench/append.py
