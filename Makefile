@@ -53,12 +53,13 @@ typecheck: venv
 
 # The whole suite: lint, types, then every test (PostgreSQL ones need TEST_PG_URL): on every core (at most 4),
 # then the `serial` tests alone (they time the box or need its cores: real vLLM, the soak, trickling clients).
+ON_EVERY_CORE := --numprocesses auto --maxprocesses 4
 test: lint typecheck
-	$(BIN)/python -m pytest -m "not serial" --numprocesses auto --maxprocesses 4
+	$(BIN)/python -m pytest -m "not serial" $(ON_EVERY_CORE)
 	$(BIN)/python -m pytest -m serial
 
 test-fast: venv
-	$(BIN)/python -m pytest -m "not slow and not serial" -x -q --numprocesses auto --maxprocesses 4
+	$(BIN)/python -m pytest -m "not slow and not serial" -x -q $(ON_EVERY_CORE)
 
 bench: venv
 	$(BIN)/python bench/append.py

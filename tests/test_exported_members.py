@@ -190,6 +190,7 @@ EXPORTED = {
         "RunAnswer",
         "STATUS_PATTERN",
         "WHEN_SCHEMA",
+        "ZONE_NAMES",
         "agreement_report",
         "audit_run",
         "build_api_routers",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from usage_ledger.ledger import open_database, upgrade_database
+from tests.ledger.helpers import build_ledger
 from usage_ledger.processes import free_port
 
 LEDGER = str(Path(sys.executable).parent / "ledger")
@@ -78,16 +78,8 @@ def emulator(tmp: Path, *extra: str, speed: float = 20) -> Process:
 def upgrade(db_url: str) -> None:
     """The ledger at `db_url` migrated, in this process (callable from a running loop too): `ledger db upgrade`
     would spend a second importing the CLI before each gateway test; the command has tests of its own."""
-
-    async def migrate() -> None:
-        database = open_database(db_url, null_pool=True)
-        try:
-            await upgrade_database(database)
-        finally:
-            await database.dispose()
-
     with ThreadPoolExecutor(1) as thread:
-        thread.submit(asyncio.run, migrate()).result()
+        thread.submit(asyncio.run, build_ledger(db_url)).result()
 
 
 def gateway(

@@ -51,18 +51,18 @@ class TcpCut:
 
         client_gone = asyncio.Event()
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, *, from_server: bool) -> None:
             with contextlib.suppress(OSError, ConnectionError):
                 while data := await src.read(65536):
                     dst.write(data)
                     await dst.drain()
-            if src is reader:
+            if not from_server:
                 client_gone.set()
             elif self.hold_server_close:
                 await client_gone.wait()
             dst.transport.abort()
 
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer, from_server=False), pipe(up_reader, writer, from_server=True))
         self.writers -= {writer, up_writer}
 
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from tests.gateway.relay import TcpCut
 from tests.ledger.helpers import allow_inserts, call_events, refuse_inserts
@@ -20,6 +21,15 @@ from usage_ledger.ledger.verify import verify_chain
 async def _head(database: Database) -> int:
     async with database.engine.connect() as conn:  # another connection: it sees committed rows only
         return await head_position(conn)
+
+
+async def _end_the_blocks_connection(conn: AsyncConnection) -> None:
+    """The server ends the block's connection, idle between its batches (a restart, a failover)."""
+    ended = await conn.exec_driver_sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
+    )
+    assert ended.scalars().all() == [True]
 
 
 async def test_the_batches_commit_together_when_the_block_ends(database: Database) -> None:
@@ -87,11 +97,7 @@ async def test_a_connection_lost_mid_block_appends_none_of_it(fresh_pg_url: str)
             async with appending(database) as stream:
                 await stream.add(call_events(1))
                 async with database.engine.connect() as conn:
-                    ended = await conn.exec_driver_sql(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
-                    )
-                    assert ended.scalars().all() == [True]  # the block's connection, between its batches
+                    await _end_the_blocks_connection(conn)
                 await stream.add(call_events(2))
         assert await _head(database) == 0
         assert (await append_events(database, call_events(3))).last_position == 2  # connects again
@@ -115,11 +121,7 @@ async def test_the_servers_goodbye_read_before_its_eof_is_a_lost_connection_too(
                 await stream.add(call_events(1))
                 relay.hold_server_close = True  # the block's connection is the only one through the relay now
                 async with direct.engine.connect() as conn:
-                    ended = await conn.exec_driver_sql(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND pid <> pg_backend_pid() AND state = 'idle in transaction'"
-                    )
-                    assert ended.scalars().all() == [True]
+                    await _end_the_blocks_connection(conn)
                 await asyncio.sleep(0.5)  # the goodbye reaches the block's connection; the relay holds the EOF
                 await stream.add(call_events(2))
         relay.hold_server_close = False

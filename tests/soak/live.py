@@ -76,8 +76,7 @@ class Live:
         except AssertionError as exc:
             self.violations.append(f"live: the chain does not verify: {exc}")
         except Exception as exc:  # the database is down at this moment (the summary says what was raised)
-            self.rounds[
-                f"verify_skipped ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})"
-            ] += 1
+            first_line = (str(exc).splitlines() or [""])[0][:120]
+            self.rounds[f"verify_skipped ({type(exc).__name__}: {first_line})"] += 1
             return
         self.rounds["verified"] += 1

@@ -10,6 +10,7 @@ cut by idle gaps over all calls), and show only their selected calls.
 
 from __future__ import annotations
 
+import zoneinfo
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -26,6 +27,7 @@ __all__ = (
     "NO_FILTER",
     "STATUS_PATTERN",
     "WHEN_SCHEMA",
+    "ZONE_NAMES",
     "CallFilter",
     "InvalidFilter",
     "filter_clauses",
@@ -69,6 +71,8 @@ WHEN_SCHEMA: dict[str, Any] = {
 schema describes the format; `parse_time` is the one rule that reads it, for the CLI and the API alike (it
 also reads ISO 8601's other forms, such as `2026-03-01T09:00` without seconds or offset), and answers an
 impossible value (`2026-02-30`) with a 400 naming the parameter."""
+ZONE_NAMES = tuple(sorted(zoneinfo.available_timezones()))
+"""Every IANA time zone this machine knows, for an API's `tz` schema (read once: it walks the tz database)."""
 _ONE_STATUS = "|".join(CALL_STATUSES)
 STATUS_PATTERN = f"^(({_ONE_STATUS})(,({_ONE_STATUS}))*)?$"
 """An API's `status`: empty (any), or statuses separated by commas."""

@@ -72,6 +72,16 @@ _STALE_HEAD = (
 # SQLSTATE classes meaning "the database cannot take this now" (the writer spools and retries):
 # connection exception, insufficient resources (a full disk), operator intervention (shutdown).
 _UNAVAILABLE_CLASSES = ("08", "53", "57")
+# Failures that mean the connection is gone. InternalClientError: the server's goodbye (FATAL 57P01 on a restart or
+# failover) arrived while the connection was idle, and asyncpg's protocol is wrecked until the EOF behind it is read
+# ("cannot switch to state 15; another operation (2) is in progress"): as lost as after the EOF; only reconnecting helps.
+_CONNECTION_LOST = (
+    OSError,
+    asyncio.TimeoutError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InternalClientError,
+)
 
 
 class PostgresAppender:
@@ -330,17 +340,7 @@ async def _run_all(queue: asyncio.Queue[_Step | None]) -> None:
 
 
 def _is_unavailable(exc: BaseException) -> bool:
-    # InternalClientError: the server's goodbye (FATAL 57P01 on a restart or failover) arrived while the connection
-    # was idle and asyncpg's protocol is wrecked until the EOF behind it is read ("cannot switch to state 15; another
-    # operation (2) is in progress"). The connection is lost as surely as after the EOF; only reconnecting helps.
-    lost = (
-        OSError,
-        asyncio.TimeoutError,
-        asyncpg.InterfaceError,
-        asyncpg.PostgresConnectionError,
-        asyncpg.InternalClientError,
-    )
-    if isinstance(exc, lost):
+    if isinstance(exc, _CONNECTION_LOST):
         return True
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate[:2] in _UNAVAILABLE_CLASSES

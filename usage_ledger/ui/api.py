@@ -7,7 +7,6 @@ Errors are Litestar's `{status_code, detail}`: 400 for a parameter that is out o
 
 from __future__ import annotations
 
-import zoneinfo
 from typing import Annotated
 from zoneinfo import ZoneInfo
 
@@ -15,7 +14,7 @@ from litestar import Router, get
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.params import QueryParameter
 
-from usage_ledger.answers import STATUS_PATTERN, WHEN_SCHEMA, error_response, parse_filter
+from usage_ledger.answers import STATUS_PATTERN, WHEN_SCHEMA, ZONE_NAMES, error_response, parse_filter
 from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, projection_text_or_none
 from usage_ledger.ui.auth import UiAuth
 from usage_ledger.ui.queries import CallDetail, CallQuery, CallsList, call_detail, list_calls
@@ -50,7 +49,7 @@ Zone = Annotated[
     str | None,
     QueryParameter(
         description="an IANA time zone; empty = the gateway's LEDGER_TZ",
-        schema_extra={"enum": ["", *sorted(zoneinfo.available_timezones())]},
+        schema_extra={"enum": ["", *ZONE_NAMES]},
     ),
 ]
 Moment = Annotated[
