@@ -1,5 +1,5 @@
-"""The gateway as `ledger serve` runs it, in the test's loop: `gateway.server` (uvicorn) on a loopback
-port in front of an upstream ASGI app that uvicorn serves on another (real sockets both sides, one path).
+"""The gateway as `ledger serve` runs it, in the test's loop: its server (`gateway.serve.listening`) on a
+loopback port in front of an upstream ASGI app that uvicorn serves on another (real sockets both sides, one path).
 """
 
 from __future__ import annotations
@@ -13,11 +13,8 @@ import msgspec
 import uvicorn
 
 from tests.gateway.upstream import read_body
-from usage_ledger.gateway.app import GatewayApp, create_app
-from usage_ledger.gateway.serve import bind_socket
-from usage_ledger.gateway.server import GatewayServer
-from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
+from usage_ledger.gateway import GatewayApp, GatewaySettings, Upstream, bind_socket, create_app, listening
+from usage_ledger.gateway._http import HttpServer
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.writer import EventWriter
@@ -45,7 +42,7 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
 class LiveGateway(msgspec.Struct, frozen=True):
     app: GatewayApp
-    server: GatewayServer
+    server: HttpServer
     url: str
     """The gateway's base URL (`http://127.0.0.1:PORT`)."""
     settings: GatewaySettings
@@ -56,7 +53,7 @@ class LiveGateway(msgspec.Struct, frozen=True):
 async def live_gateway(
     settings: GatewaySettings, *, database: Database, writer: EventWriter, upstream: str, **create: Any
 ) -> AsyncIterator[LiveGateway]:
-    """`create_app` behind `GatewayServer` on 127.0.0.1, forwarding to `upstream` (a URL) with `Upstream`.
+    """`create_app` behind the gateway's server on 127.0.0.1, forwarding to `upstream` (a URL) with `Upstream`.
 
     `settings.upstream` is replaced by `upstream`; `create` goes to `create_app` (api_routers, fingerprint_key…).
     """
@@ -64,12 +61,10 @@ async def live_gateway(
     client = Upstream(settings)
     app = create_app(settings, database=database, writer=writer, upstream=client, **create)
     sock = bind_socket("127.0.0.1", 0)
-    server = GatewayServer(app, settings, app.metrics, grace_s=5)
-    await server.start(sock)
     try:
-        yield LiveGateway(app, server, f"http://127.0.0.1:{sock.getsockname()[1]}", settings)
+        async with listening(app, settings, sock, grace_s=5) as server:
+            yield LiveGateway(app, server, f"http://127.0.0.1:{sock.getsockname()[1]}", settings)
     finally:
-        await server.shutdown()
         await client.aclose()
         sock.close()
 

@@ -1,4 +1,4 @@
-"""RFC 9112 framing at both ends of the gateway (uvicorn's httptools server, aiohttp's upstream client).
+"""RFC 9112 framing at both ends of the gateway (its own server and upstream client, `gateway._http`).
 
 Each case is a message a peer may really send (or a smuggling attempt), written byte for byte on a
 loopback socket: what the RFC requires or allows, and which of the allowed answers the gateway gives.
@@ -125,7 +125,7 @@ async def test_pipelined_requests_in_one_segment_each_get_their_own_response(gat
     assert bodies == ["1", "2"] and upstream.handled == [b"1", b"2"]
 
 
-# -- the gateway as a client (aiohttp against a scripted upstream, through the gateway) ---------------
+# -- the gateway as a client (its client against a scripted upstream, through the gateway) ---------------
 
 
 def answering(raw: bytes):  # type: ignore[no-untyped-def]
@@ -185,12 +185,15 @@ async def test_response_of_unknown_or_broken_length_is_an_upstream_reset(
     # else: the head was relayed and the body cut short — the connection was dropped, never completed
 
 
-async def test_response_obs_fold_is_replaced_by_a_space(database: Database, tmp_path: Path) -> None:
-    """§5.2: a gateway either answers 502 or replaces each obs-fold with SP before forwarding; aiohttp replaces."""
+async def test_a_response_with_obs_fold_is_discarded_for_a_502(database: Database, tmp_path: Path) -> None:
+    """§5.2: a gateway either discards such a response for a 502 (explaining why) or replaces each obs-fold
+    with SP before forwarding; the gateway's client (httptools) discards it."""
     status, body, complete = await fetch_through(
         b"HTTP/1.1 200 OK\r\nx-a: a\r\n b\r\ncontent-length: 2\r\n\r\nok", database, tmp_path
     )
-    assert (status, body, complete) == (200, b"ok", True)
+    error = json.loads(body)["error"]
+    assert (status, complete, error["code"]) == (502, True, "upstream_reset")
+    assert "invalid HTTP response" in error["message"]
 
 
 async def test_http10_response_without_length_is_read_to_the_close(database: Database, tmp_path: Path) -> None:

@@ -27,14 +27,13 @@ from hypothesis import strategies as st
 from tests.gateway.conftest import Rig
 from tests.gateway.upstream import completion_body
 from tests.gateway.wire import read_response
+from usage_ledger.gateway import Upstream, listening
 from usage_ledger.gateway.app import create_app
 from usage_ledger.gateway.fingerprint_key import DEFAULT_KEY_FILE_NAME, FingerprintKey, load_fingerprint_key
 from usage_ledger.gateway.headers import recorded_headers
 from usage_ledger.gateway.secrets import is_secret_name, recorded_query
 from usage_ledger.gateway.serve import bind_socket
-from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFinished, CallStarted
@@ -311,9 +310,7 @@ async def test_stored_query_is_redacted_and_the_upstream_gets_it_unchanged(datab
         async with EventWriter(database, Spool(tmp_path / "spool")) as writer:
             app = create_app(settings, database=database, writer=writer, upstream=upstream, fingerprint_key=KEY)
             sock = bind_socket("127.0.0.1", 0)
-            server = GatewayServer(app, settings, app.metrics, grace_s=5)
-            await server.start(sock)
-            try:
+            async with listening(app, settings, sock, grace_s=5):
                 reader, conn = await asyncio.open_connection("127.0.0.1", sock.getsockname()[1])
                 body = b'{"model":"m","messages":[],"max_tokens":2}'
                 conn.write(
@@ -322,8 +319,6 @@ async def test_stored_query_is_redacted_and_the_upstream_gets_it_unchanged(datab
                 )
                 status, _, _ = await read_response(reader)
                 conn.close()
-            finally:
-                await server.shutdown()
         await upstream.aclose()
     assert status == 200
     assert lines == [b"POST " + target + b" HTTP/1.1"]  # byte-transparent: the upstream got the real key

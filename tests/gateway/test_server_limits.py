@@ -1,4 +1,4 @@
-"""The gateway's limits for slow and large traffic (`gateway.connections`, `gateway.body`), driven on
+"""The gateway's limits for slow and large traffic (`gateway._http`, `gateway.limits`), driven on
 loopback sockets against the real server in front of a real upstream: heads, bodies, idle connections,
 the connection cap and the request-body budget."""
 
@@ -15,7 +15,7 @@ from tests.gateway.conftest import make_settings
 from tests.gateway.live import echo_gateway
 from tests.gateway.test_server import close, post
 from tests.gateway.wire import read_response
-from usage_ledger.gateway import body as body_module
+from usage_ledger.gateway import limits as limits_module
 from usage_ledger.ledger.db import Database
 
 FAST = {"head_timeout_s": 0.3, "body_timeout_s": 0.3, "keepalive_idle_s": 0.3}
@@ -51,7 +51,7 @@ async def test_a_stalled_body_is_answered_408_and_never_reaches_the_upstream(
         reader, writer = await _connect(gw.port, post("/v1/x", b"0123456789")[:-5])
         status, headers, error = await _error(reader)
         assert status == 408 and "LEDGER_BODY_TIMEOUT_S" in error["message"] and headers["connection"] == "close"
-        assert gw.live.app.proxy.request_bytes.held == 0  # what it sent is let go
+        assert gw.live.server.request_bytes.held == 0  # what it sent is let go
         assert gw.live.app.metrics.bodies_too_slow == 1
         await close(writer)
     assert gw.upstream.handled == []
@@ -61,7 +61,7 @@ async def test_a_body_slower_than_the_minimum_rate_is_answered_408(
     database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each byte comes well within the pause limit, but their pace is below `min_body_rate`: cut."""
-    monkeypatch.setattr(body_module, "BODY_RATE_GRACE_S", 0.3)
+    monkeypatch.setattr(limits_module, "BODY_RATE_GRACE_S", 0.3)
     settings = make_settings(body_timeout_s=30, min_body_rate=50)
     async with echo_gateway(settings, database, tmp_path) as gw:
         reader, writer = await _connect(gw.port, post("/v1/chat/completions", b"x" * 1000)[:-1000])
@@ -75,7 +75,7 @@ async def test_a_body_slower_than_the_minimum_rate_is_answered_408(
         assert status == 408 and "LEDGER_MIN_BODY_RATE" in error["message"] and error["code"] == "request_timeout"
         metrics = gw.live.app.metrics
         assert metrics.bodies_too_slow == 1 and metrics.requests_timed_out == 1
-        assert gw.live.app.proxy.request_bytes.held == 0
+        assert gw.live.server.request_bytes.held == 0
         await close(writer)
         # a body at a normal pace is served
         reader, writer = await _connect(gw.port, post("/v1/x", b"quick"))
@@ -117,7 +117,7 @@ async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(database
     settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_connections": 1})
     async with echo_gateway(settings, database, tmp_path) as gw:
         busy = await _connect(gw.port, post("/v1/x", b"0123456789")[:-5])
-        budget = gw.live.app.proxy.request_bytes
+        budget = gw.live.server.request_bytes
         await wait_until(lambda: budget.held == 5, what="the busy connection's head read, its body begun")
         reader, writer = await _connect(gw.port, post("/v1/x", b"refused"))
         status, headers, error = await _error(reader)
@@ -133,7 +133,7 @@ async def test_request_bodies_over_the_shared_budget_get_503_and_the_budget_come
 ) -> None:
     settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_request_bytes_in_flight": 1000})
     async with echo_gateway(settings, database, tmp_path) as gw:
-        budget = gw.live.app.proxy.request_bytes
+        budget = gw.live.server.request_bytes
         holding = await _connect(gw.port, post("/v1/x", b"a" * 2000)[:-1200])  # 800 bytes held, stalled
         await wait_until(lambda: budget.held == 800, what="800 bytes held")
         reader, writer = await _connect(gw.port, post("/v1/x", b"b" * 500))

@@ -12,9 +12,9 @@ import uvloop
 
 from tests.gateway.processes import free_port
 from tests.gateway.scripted import Request, Respond, Server
+from usage_ledger.gateway import Upstream
 from usage_ledger.gateway.errors import UpstreamReset, UpstreamTimeout, UpstreamUnreachable
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.errors import ConfigError
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]

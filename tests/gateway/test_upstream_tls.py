@@ -18,9 +18,9 @@ from tests.gateway.conftest import make_settings
 from tests.gateway.live import live_gateway
 from tests.gateway.scripted import Request, Server
 from tests.gateway.upstream import completion_body
+from usage_ledger.gateway import Upstream
 from usage_ledger.gateway.errors import UpstreamUnreachable
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFinished

@@ -9,9 +9,9 @@ from litestar.testing import AsyncTestClient
 from tests.ui.seed import DENSE_CALLS, MOE_CALLS, REQUEST_BODY, RESPONSE_BODY, seed_ledger
 from usage_ledger.answers.api import build_api_routers
 from usage_ledger.answers.reports import runs_report
+from usage_ledger.gateway import Upstream
 from usage_ledger.gateway.app import create_app
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.writer import EventWriter
 from usage_ledger.projections.settings import ReportSettings

@@ -1,23 +1,22 @@
-"""The gateway app (ASGI): the raw passthrough for upstream paths, Litestar for `/_ledger/`.
+"""The gateway app: the passthrough for upstream paths, Litestar for `/_ledger/`.
 
-What `ledger serve` runs on uvicorn (`gateway.serve.listening`) and what the tests drive on a loopback port.
+One entry, `handle(request, exchange)`, for the gateway's server (`gateway._http`): what `ledger serve`
+runs and what the tests drive on a loopback port.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from litestar import Litestar, Router
 
+from usage_ledger.gateway._http import Exchange, Request, Upstream, run_asgi
 from usage_ledger.gateway.admin import create_admin_app
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.proxy import Proxy
 from usage_ledger.gateway.recorder import Recorder
-from usage_ledger.gateway.response import Responder
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger import Database, EventWriter
 
 __all__ = ("GatewayApp", "create_app", "is_admin_path")
@@ -38,44 +37,13 @@ class GatewayApp:
         self.admin = admin
         self.metrics = metrics
 
-    async def __call__(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        """One request: admin paths to Litestar, the rest proxied (the server runs no lifespan)."""
-        if scope["type"] != "http":
-            await self.admin(scope, receive, send)  # type: ignore[arg-type]
-        elif is_admin_path(scope["path"]):
-            await self._admin(scope, receive, send)
+    async def handle(self, request: Request, exchange: Exchange) -> None:
+        """One request from the server (its body complete and within the limits): admin paths through
+        the ASGI adapter, the rest proxied."""
+        if is_admin_path(request.path):
+            await run_asgi(self.admin, request, exchange)  # type: ignore[arg-type]
         else:
-            await self.proxy(scope, receive, send)
-
-    async def _admin(
-        self,
-        scope: MutableMapping[str, Any],
-        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-        send: Callable[[Any], Awaitable[None]],
-    ) -> None:
-        """The admin app, its request body read under the proxy's limits first (size, budget, pace)."""
-        read = await self.proxy.read_body(scope, receive, Responder(send, scope))
-        if read is None:
-            return
-        body, held = read
-        delivered = False
-
-        async def replay() -> MutableMapping[str, Any]:
-            nonlocal delivered
-            if not delivered:
-                delivered = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the server's `http.disconnect`
-
-        try:
-            await self.admin(scope, replay, send)  # type: ignore[arg-type]
-        finally:
-            self.proxy.request_bytes.give_back(held)
+            await self.proxy.handle(request, exchange)
 
 
 def create_app(

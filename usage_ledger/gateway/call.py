@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import MutableMapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import structlog
 
+from usage_ledger.gateway._http import AbortSignal, Exchange, Upstream, UpstreamResponse
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
@@ -37,10 +37,8 @@ from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.observed import Observed
 from usage_ledger.gateway.recorder import NotRecorded, Recorder, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
-from usage_ledger.gateway.response import AbortResponse, Responder
 from usage_ledger.gateway.secrets import recorded_query
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import Upstream, UpstreamResponse
 from usage_ledger.ledger import CallFailed, CallFinished, CallStarted, Durable, Timings, Usage, UsageSource
 
 
@@ -57,11 +55,19 @@ class Proxy(Protocol):
     upstream_forces_usage: bool | None
 
 
-__all__ = ("Call",)
+__all__ = ("AbortResponse", "Call")
 
 log = structlog.get_logger("gateway")
 
 CALL_ID_HEADER = b"x-ledger-call-id"
+
+
+class AbortResponse(AbortSignal):
+    """Raised after the response started to make the server drop the client connection.
+
+    The upstream failed mid-body, or the call could not be recorded: a clean end would tell the
+    client the body was complete.
+    """
 
 
 def _ts(t: float | None) -> datetime | None:
@@ -74,7 +80,9 @@ class Call:
     def __init__(
         self,
         proxy: Proxy,
-        scope: MutableMapping[str, Any],
+        method: str,
+        path: str,
+        query: str,
         headers: list[Header],
         body: bytes,
         received: float,
@@ -83,10 +91,9 @@ class Call:
         self.proxy = proxy
         self.metrics = proxy.metrics
         self.recorder = proxy.recorder
-        self.method = method = scope["method"]
-        raw_path: bytes | None = scope.get("raw_path")
-        self.path = path = raw_path.decode("latin-1") if raw_path is not None else scope["path"]
-        self.query = scope["query_string"].decode("latin-1")
+        self.method = method
+        self.path = path
+        self.query = query
         self.recorded = is_inference(method, path)
         self.call_id = new_call_id()
         self.id_header = (CALL_ID_HEADER, self.call_id.encode())
@@ -293,15 +300,14 @@ class Call:
             self.client_gone = True
             self.task.cancel()
 
-    async def run(self, client: Responder) -> None:
+    async def run(self, client: Exchange) -> None:
         task = self.task = asyncio.current_task()
         assert task is not None
         response: UpstreamResponse | None = None
         try:
             try:
-                self.started()  # submitted before the request goes out: it commits while the upstream works
                 response = await self.proxy.upstream.send(
-                    self.method, self.target, forward_headers(self.headers), self.upstream_body
+                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
                 )
             except UpstreamError as exc:
                 phase = "connect" if exc.code == "upstream_unreachable" else "headers"
@@ -339,7 +345,7 @@ class Call:
     def _extra_headers(self) -> list[Header]:
         return [self.id_header] if self.recorded else []
 
-    async def _fail_before_response(self, client: Responder, exc: GatewayError, phase: str, reason: str) -> None:
+    async def _fail_before_response(self, client: Exchange, exc: GatewayError, phase: str, reason: str) -> None:
         self.started()
         self.status = exc.status
         durable = await self._failed(phase, reason, exc.message, wait=True)
@@ -354,9 +360,9 @@ class Call:
             # would be a response the ledger does not hold. Refused like an unrecorded start instead.
             await self._answer_unrecorded(client)
             return
-        await client.json(exc.status, exc.body(), self._extra_headers())
+        client.respond_json(exc.status, exc.body(), self._extra_headers())
 
-    async def _relay(self, response: UpstreamResponse, client: Responder) -> None:
+    async def _relay(self, response: UpstreamResponse, client: Exchange) -> None:
         self.headers_at = time.time()
         self.status = response.status
         self.response_headers = response.headers
@@ -375,15 +381,21 @@ class Call:
             except NotRecorded:
                 await self._refuse_unrecorded(response, client)
                 return
-        await client.start(response.status, out_headers)
+        client.start_now(response.status, out_headers)
         try:
-            send, feed = client.send, relay.feed
-            # each read goes out at once; a client that stops reading stops the reads (send waits)
-            async for chunk in response.chunks():
+            push, feed = client.push, relay.feed
+
+            def sink(chunk: bytes) -> None:  # from the upstream connection's callback: out at once
                 out = feed(chunk)
                 if out:
                     self.client_bytes += len(out)
-                    await send(out)
+                    push(out)
+
+            client.flow(response.hold)  # a client that stops reading pauses the upstream
+            try:
+                await response.pipe(sink)
+            finally:
+                client.flow(None)
             tail = relay.close()
         except (UpstreamError, UnreadableBody) as exc:
             reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
@@ -404,17 +416,17 @@ class Call:
             raise AbortResponse(f"call not recorded: {exc}") from exc
         self.done = True
         self.client_bytes += len(tail)
-        await client.end(tail)
+        client.end_now(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
-    async def _refuse_unrecorded(self, response: UpstreamResponse, client: Responder) -> None:
+    async def _refuse_unrecorded(self, response: UpstreamResponse, client: Exchange) -> None:
         """Strict, and the call's start is durable nowhere: cancel the upstream request and answer 503 before
         any byte of its response, counted in the metrics (the writer's health says why)."""
         await _close_quietly(response)
         self.done = True
         await self._answer_unrecorded(client)
 
-    async def _answer_unrecorded(self, client: Responder) -> None:
+    async def _answer_unrecorded(self, client: Exchange) -> None:
         """503 `ledger_unavailable`, with no call id: the ledger cannot hold this call now."""
         self.metrics.refused_unrecorded += 1
         self.status = LedgerUnavailable.status
@@ -422,7 +434,7 @@ class Call:
             "the ledger cannot record this call now (database and spool both failed); "
             f"retry after {LedgerUnavailable.retry_after_s} s"
         )
-        await client.json(error.status, error.body(), [(b"retry-after", str(error.retry_after_s).encode())])
+        client.respond_json(error.status, error.body(), [(b"retry-after", str(error.retry_after_s).encode())])
 
     def _read_tail(self) -> None:
         """A whole body too large to keep: its usage read from its last bytes (`gateway.kept`)."""

@@ -1,6 +1,6 @@
 """What slow or large traffic may hold of the gateway: connections, time, and memory for bodies.
 
-    ServerLimits   the server's timeouts, connection cap and body pace (`gateway.connections`, `gateway.body`);
+    ServerLimits   the server's timeouts, connection cap and body pace (`gateway._http`);
                    the cap, unless set, is derived from the process's file-descriptor limit
     ByteBudget     bytes held across all calls at once: request bodies being received (over it: 503),
                    response bodies kept for their blobs (over it: the blob is not stored, `gateway.kept`)
@@ -15,14 +15,24 @@ from dataclasses import dataclass
 
 from usage_ledger.gateway.settings import GatewaySettings
 
-__all__ = ("FD_RESERVE", "LINGERING_MAX", "MAX_HEAD_BYTES", "ByteBudget", "ServerLimits", "derived_max_connections")
+__all__ = (
+    "BODY_RATE_GRACE_S",
+    "FD_RESERVE",
+    "LINGERING_MAX",
+    "MAX_HEAD_BYTES",
+    "ByteBudget",
+    "ServerLimits",
+    "derived_max_connections",
+)
 
 MAX_HEAD_BYTES = 64 * 1024
 """Request line plus headers; more is answered 431 (httptools alone would buffer them without end)."""
 FD_RESERVE = 64
 """File descriptors kept out of the connection cap besides the upstream pool's: database, spool, logs, listener."""
 LINGERING_MAX = 32
-"""Connections closed after an error answer that may linger at once (`gateway.connections`); outside the cap, so reserved."""
+"""Connections closed after an error answer that may linger at once (`gateway._http`); outside the cap, so reserved."""
+BODY_RATE_GRACE_S = 10.0
+"""From the end of a request's head, the time its body has before its average pace counts (`min_body_rate`)."""
 DEFAULT_MAX_CONNECTIONS = 4096
 """The cap when the file-descriptor limit allows more (one event loop serves this many comfortably)."""
 
@@ -38,7 +48,7 @@ def derived_max_connections(upstream_max_connections: int, fd_limit: int | None 
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """The limits the gateway's server (`gateway.connections`) and body reader (`gateway.body`) enforce (defaults: `GatewaySettings`' ones)."""
+    """The limits the gateway's server (`gateway._http`) enforces (defaults: `GatewaySettings`' ones)."""
 
     max_body_bytes: int
     head_timeout_s: float
@@ -46,7 +56,8 @@ class ServerLimits:
     body_timeout_s: float
     """Longest wait for the next bytes of a request body: else 408 (the call is not recorded)."""
     min_body_rate: int
-    """Bytes per second a request body must average once its grace passed (`gateway.body`); 0: no minimum."""
+    """Bytes per second a request body must average once `body_rate_grace_s` passed; 0: no minimum."""
+    body_rate_grace_s: float
     keepalive_idle_s: float
     """An idle keep-alive connection is closed after this long (longer than client pools keep theirs)."""
     max_connections: int
@@ -62,6 +73,7 @@ class ServerLimits:
             head_timeout_s=settings.head_timeout_s,
             body_timeout_s=settings.body_timeout_s,
             min_body_rate=settings.min_body_rate,
+            body_rate_grace_s=BODY_RATE_GRACE_S,
             keepalive_idle_s=settings.keepalive_idle_s,
             max_connections=cap,
             max_request_bytes_in_flight=settings.max_request_bytes_in_flight,

@@ -19,8 +19,8 @@ import httpx
 import msgspec
 import structlog
 
+from usage_ledger.gateway._http import tls_context
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.gateway.upstream import tls_context
 from usage_ledger.gateway.upstream_metrics import MetricsUnreadable, parse_metrics
 from usage_ledger.ledger import Durable, EventWriter, SampleTrigger, ServedModel, ServerSampled, new_event, utc_now
 

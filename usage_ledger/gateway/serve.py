@@ -1,10 +1,10 @@
 """Running the gateway: database, writer, upstream client, background tasks and the HTTP server.
 
     serve(settings, storage)  ─ require_head ─ gateway_app: EventWriter(+spool), the shared upstream
-                                client (Upstream: aiohttp, verified https://), ServerSampler, create_app
+                                client (Upstream: http:// and verified https://), ServerSampler, create_app
                      └ background tasks (the projections follower and the OTel export, child processes)
-                     └ listening: GatewayServer (gateway.server: uvicorn, httptools, uvloop) on a socket
-                       with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
+                     └ listening: HttpServer (gateway._http: asyncio protocols, httptools, uvloop) on a
+                       socket with TCP_NODELAY; SIGTERM / SIGINT stop it gracefully
 
 `ledger replay` records through the same `gateway_app` and `listening`, in its own process.
 
@@ -27,13 +27,13 @@ from typing import Any
 import structlog
 from litestar import Router
 
+from usage_ledger.gateway._http import HttpServer, Upstream
 from usage_ledger.gateway.app import GatewayApp, create_app
 from usage_ledger.gateway.fingerprint_key import FingerprintKey, key_file_path, load_fingerprint_key
+from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.sampler import ServerSampler
-from usage_ledger.gateway.server import GatewayServer
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.state import adopt_legacy_state
-from usage_ledger.gateway.upstream import Upstream
 from usage_ledger.ledger import (
     Checkpointer,
     ConfigError,
@@ -180,14 +180,14 @@ async def gateway_app(
 @contextlib.asynccontextmanager
 async def listening(
     app: GatewayApp, settings: GatewaySettings, sock: socket.socket, *, grace_s: float
-) -> AsyncIterator[GatewayServer]:
-    """`app` served on `sock`; on exit, calls in flight get `grace_s` to finish before they are cancelled."""
-    server = GatewayServer(app, settings, app.metrics, grace_s=grace_s)
+) -> AsyncIterator[HttpServer]:
+    """`app` served on `sock`; on exit, calls in flight get `grace_s` to finish before their connections close."""
+    server = HttpServer(app.handle, ServerLimits.from_settings(settings), app.metrics)
     await server.start(sock)
     try:
         yield server
     finally:
-        await server.shutdown()
+        await server.shutdown(grace_s)
 
 
 async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:
@@ -224,7 +224,7 @@ async def _run_server(
     # `/_ledger/health` first answers still gets the graceful stop. They stay until the server has shut
     # down, so a second signal during the grace period closes the calls in flight at once.
     stop = asyncio.Event()
-    server: GatewayServer | None = None
+    server: HttpServer | None = None
 
     def on_signal() -> None:
         if stop.is_set() and server is not None:

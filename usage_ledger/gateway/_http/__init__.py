@@ -1,0 +1,41 @@
+"""The gateway's own HTTP/1.1 server and upstream client (private: `gateway.app`, `gateway.proxy`,
+`gateway.call` and `gateway.serve` use this face only).
+
+    HttpServer(handler, limits, metrics)   asyncio protocols + httptools; handler(Request, Exchange)
+    Exchange                               the response, written straight to the client's transport
+    run_asgi(app, request, exchange)       an ASGI app (the Litestar admin app) for one request
+    Upstream / UpstreamResponse            the upstream client; `pipe` hands each body chunk to a sink
+                                           from the upstream connection's protocol callback
+    AbortSignal                            raised by a handler to drop the connection (no error log)
+
+Why hand-written, not a maintained server and client (issue #38): measured side by side against
+uvicorn (httptools) + aiohttp, the gateway's ASGI app on them, in `bench/stacks.py` runs of
+`bench/gateway.py`, `bench/saturated.py` and `bench/real_vllm.py` (docs/BENCHMARKS.md, "The gateway's
+HTTP stack"), this code was ahead by more than the 15 % the issue allows on three figures: added
+latency (+41 % and +105 % for uvicorn + aiohttp on the emulator, +43 % on real vLLM), added TTFT
+(+26 %, +65 %) and gateway CPU per relayed chunk (+29 % to +58 %); level on the CPU-saturated
+upstream's chunk rate. Granian + aiohttp cost more CPU per chunk than uvicorn (+77 % over this);
+httpx more than aiohttp. The difference is the design, not a tunable: here each upstream chunk is
+written to the client's transport from the upstream connection's `data_received`, where an awaiting
+client under an ASGI server wakes the call's task per chunk and crosses the server's `send`.
+"""
+
+from __future__ import annotations
+
+from usage_ledger.gateway._http.asgi import run_asgi
+from usage_ledger.gateway._http.client import KEEPALIVE_EXPIRY_S, Upstream, UpstreamResponse, tls_context
+from usage_ledger.gateway._http.connection import AbortSignal
+from usage_ledger.gateway._http.exchange import Exchange, Request
+from usage_ledger.gateway._http.server import HttpServer
+
+__all__ = (
+    "KEEPALIVE_EXPIRY_S",
+    "AbortSignal",
+    "Exchange",
+    "HttpServer",
+    "Request",
+    "Upstream",
+    "UpstreamResponse",
+    "run_asgi",
+    "tls_context",
+)
