@@ -128,6 +128,7 @@ EXPORTED = {
         "is_secret_name",
         "listening",
         "serve",
+        "serve_asgi",
     ],
     "projections": [
         "CALL_STATUSES",

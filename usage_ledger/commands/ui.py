@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import uvicorn
 from sqlalchemy.engine import make_url
 
 from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
-from usage_ledger.ledger import LedgerError, configure_logging, open_database, require_head
+from usage_ledger.gateway import bind_socket, serve_asgi
+from usage_ledger.ledger import ConfigError, LedgerError, configure_logging, open_database, require_head
 from usage_ledger.ui import create_ui_app
 
 __all__ = ("DEFAULT_PORT", "register")
@@ -58,18 +58,20 @@ def _ui(args: argparse.Namespace) -> int:
             app = create_ui_app(
                 database, settings.reports, admin_token=settings.gateway.admin_token, refresh=not args.no_refresh
             )
-            config = uvicorn.Config(
-                app,
-                host=settings.gateway.host,
-                port=args.port,
-                log_level=settings.log.log_level.lower(),
-                access_log=False,
-            )
+            try:
+                sock = bind_socket(settings.gateway.host, args.port)
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot listen on {settings.gateway.host}:{args.port}: {exc.strerror or exc}; give another --port"
+                ) from None
             print(
                 f"ledger ui: http://{settings.gateway.host}:{args.port}/_ledger/ui/ over {database.safe_url}",
                 flush=True,
             )
-            await uvicorn.Server(config).serve()
+            try:
+                await serve_asgi(app, settings.gateway, sock)  # the gateway's server, under its limits
+            finally:
+                sock.close()
         finally:
             await database.dispose()
         return 0

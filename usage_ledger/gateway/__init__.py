@@ -43,7 +43,7 @@ from usage_ledger.gateway.errors import (
 from usage_ledger.gateway.headers import MAX_HEADER_VALUE
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.secrets import is_secret_name
-from usage_ledger.gateway.serve import Background, bind_socket, gateway_app, listening, serve
+from usage_ledger.gateway.serve import Background, bind_socket, gateway_app, listening, serve, serve_asgi
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.sse import SseEvent, SseScanner
 
@@ -70,4 +70,5 @@ __all__ = (
     "is_secret_name",
     "listening",
     "serve",
+    "serve_asgi",
 )

@@ -27,10 +27,11 @@ from typing import Any
 import structlog
 from litestar import Router
 
-from usage_ledger.gateway._http import HttpServer, Upstream
+from usage_ledger.gateway._http import Exchange, HttpServer, Request, Upstream, run_asgi
 from usage_ledger.gateway.app import GatewayApp, create_app
 from usage_ledger.gateway.fingerprint_key import FingerprintKey, key_file_path, load_fingerprint_key
 from usage_ledger.gateway.limits import ServerLimits
+from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.state import adopt_legacy_state
@@ -48,7 +49,7 @@ from usage_ledger.ledger import (
     wait_up_to,
 )
 
-__all__ = ("ApiFactory", "Background", "bind_socket", "gateway_app", "listening", "serve")
+__all__ = ("ApiFactory", "Background", "bind_socket", "gateway_app", "listening", "serve", "serve_asgi")
 
 Background = Callable[[Database], Coroutine[Any, Any, None]]
 ApiFactory = Callable[[Database], Sequence[Router]]
@@ -188,6 +189,23 @@ async def listening(
         yield server
     finally:
         await server.shutdown(grace_s)
+
+
+async def serve_asgi(app: Any, settings: GatewaySettings, sock: socket.socket) -> None:
+    """An ASGI app (no lifespan) on the gateway's HTTP server, under its limits, until SIGTERM or SIGINT:
+    the product's one server, for `ledger ui`'s standalone dashboard."""
+
+    async def handle(request: Request, exchange: Exchange) -> None:
+        await run_asgi(app, request, exchange)
+
+    stop = asyncio.Event()
+    server = HttpServer(handle, ServerLimits.from_settings(settings), Metrics())
+    with _signals_handled(stop.set):
+        await server.start(sock)
+        try:
+            await stop.wait()
+        finally:
+            await server.shutdown(GRACEFUL_SHUTDOWN_S)
 
 
 async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:

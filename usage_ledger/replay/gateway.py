@@ -3,9 +3,10 @@
 Why in-process and over a socket, rather than a subprocess or a second recording path:
 - Same code as `ledger serve`: `gateway.serve.gateway_app` (the `EventWriter` with its spool, the
   upstream client `Upstream`, the `ServerSampler`, `create_app` with the proxy, usage injection
-  and recorder) served by `gateway.serve.listening` (`GatewayServer`: uvicorn). A replayed call is recorded exactly like a live one, with the same events, timings, usage
-  source and failure reasons, so the comparison compares like with like; nothing re-implements them.
-- Over a real loopback socket, not ASGI: the gateway's timings include what a client costs it,
+  and recorder) served by `gateway.serve.listening` (the gateway's own server). A replayed call is
+  recorded exactly like a live one, with the same events, timings, usage source and failure reasons,
+  so the comparison compares like with like; nothing re-implements them.
+- Over a real loopback socket, not in memory: the gateway's timings include what a client costs it,
   as in production, and a cancelled request is a real client disconnect, which the gateway records
   as it records any (`call.failed`, `client_disconnected`).
 - In-process, not `ledger serve` as a child: no port to race for (the socket is bound to port 0
