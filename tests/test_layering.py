@@ -86,6 +86,23 @@ def test_the_command_line_lives_in_the_composition_root(package: str) -> None:
     assert parsing == []
 
 
+HTTP_PARSERS = {"httptools", "h11", "llhttp", "aiohttp", "http.client"}
+
+
+def _parses_http(path: Path) -> bool:
+    return any(module.split(".")[0] in HTTP_PARSERS or module in HTTP_PARSERS for module, _ in _imports(path))
+
+
+def test_http_is_parsed_by_hand_only_in_the_gateways_http_package() -> None:
+    """Issue #38: the gateway's own HTTP/1.1 server and client live in `gateway._http` (kept by measurement,
+    its docstring says which); no other module of the product parses HTTP itself or brings a second stack."""
+    parsing = [
+        str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py")) if "_http" not in p.parts and _parses_http(p)
+    ]
+    assert parsing == []
+    assert _parses_http(PACKAGE / "gateway" / "_http" / "connection.py")  # the check sees a parser where one is
+
+
 def test_the_checker_sees_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
