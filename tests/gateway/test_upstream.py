@@ -18,7 +18,7 @@ from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.errors import ConfigError
 
 Scenario = Callable[[], Coroutine[Any, Any, None]]
-HIGH_WATER = 256 * 1024  # the client's read buffer (`read_bufsize`)
+HIGH_WATER = 256 * 1024  # what the client buffers for a lagging reader (`_http.upstream_connection.HIGH_WATER`)
 SCENARIOS: list[Scenario] = []
 
 
@@ -313,6 +313,28 @@ async def many_concurrent_requests_share_a_bounded_pool() -> None:
         results = await asyncio.gather(*(read_all(upstream, body=b"%d" % i) for i in range(200)))
     assert results == [(200, b"%d" % i) for i in range(200)]
     assert server.accepted <= 8
+
+
+@scenario
+async def a_piped_body_goes_to_the_sink_once_per_read_not_once_per_chunk() -> None:
+    """A saturated upstream's many small chunks that arrive in one read are handed over together: one write
+    to the client instead of one per chunk of the upstream's framing (bytes unchanged, nothing held)."""
+    pieces = [b"data: %d\n\n" % i for i in range(200)]
+
+    async def respond(request: Request, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the body comes once the client pipes it
+        writer.write(b"".join(b"%x\r\n%b\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n")  # one write
+        await writer.drain()
+        return True
+
+    handed: list[bytes] = []
+    async with Server(respond) as server, client(server.url) as upstream:
+        response = await upstream.send("POST", "/", [], b"")
+        await response.pipe(handed.append)
+    assert b"".join(handed) == b"".join(pieces)
+    assert len(handed) < len(pieces) // 10, len(handed)  # a few reads on loopback (was one call per chunk)
 
 
 @pytest.mark.parametrize("check", SCENARIOS, ids=lambda f: f.__name__)

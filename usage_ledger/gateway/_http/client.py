@@ -6,8 +6,8 @@ It does what the gateway needs and nothing else (why it is not aiohttp or httpx:
                   ─► UpstreamConnection: one write (request line, headers, body) ─► await headers
     UpstreamResponse.chunks ◄─ body bytes (de-chunked) handed over per `data_received`, joined
                                when the consumer lags (`_http.upstream_connection`)
-    UpstreamResponse.pipe   ◄─ or: each body chunk handed to a sink from `on_body` (no task wake-up
-                               per chunk); the sink's consumer pauses reading with `hold`
+    UpstreamResponse.pipe   ◄─ or: the body bytes of each read handed to a sink from `data_received`
+                               (no task wake-up per chunk); the sink's consumer pauses reading with `hold`
 
 Nothing is added to the request but `Host` and `Content-Length` when the client sent none, and nothing
 is decoded from the response: bytes in = bytes out.
@@ -204,7 +204,7 @@ class UpstreamResponse:
             self._release()  # pooled if complete on the wire, else closed (cancelled, abandoned, failed)
 
     async def pipe(self, sink: Callable[[bytes], None]) -> None:
-        """Hand every body chunk to `sink` from the protocol callback as it arrives (instead of `chunks`).
+        """Hand the body bytes to `sink` from the protocol callback as they arrive, once per read (instead of `chunks`).
 
         Returns once the body is complete; raises `UpstreamError` like `chunks`. `hold(True)` pauses
         reading from the upstream while the consumer cannot take more (backpressure), `hold(False)` resumes.

@@ -2,7 +2,7 @@
 
     request bytes ─► transport.write (one write)
     data_received ─► httptools ─► status, headers ─► body chunks: buffered for `UpstreamResponse.chunks`
-                                                     or handed to a sink from `on_body` (`pipe`)
+                                                     or handed to a sink once per read (`pipe`)
 
 The read timeout is an idle timeout (no byte for `upstream_read_timeout_s` while reading) kept by
 one lazily re-armed timer per connection, not one timer per chunk. Reading pauses when a consumer
@@ -91,7 +91,9 @@ class UpstreamConnection(asyncio.Protocol):
             return
         if self.overflow:  # bytes beyond the response: deliver the response, never reuse the connection
             self.close()
-        if self.sink is not None:  # piped: on_body handed the bytes over, no task wake-up per chunk
+        if self.sink is not None:  # piped: the bytes go to the sink now, no task wake-up per chunk
+            if self.body:
+                self._to_sink()
             if self.sink_error is not None:
                 self.close()
             if self.complete or self.closed or self.error is not None or self.sink_error is not None:
@@ -144,18 +146,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.until_close = not delimited and status not in _NO_BODY_STATUS and not self.head_only
 
     def on_body(self, body: bytes) -> None:
-        if self.complete:
-            return
-        sink = self.sink
-        if sink is not None:
-            if self.sink_error is None:
-                try:
-                    sink(body)
-                except Exception as exc:  # a bug in the consumer: end this response, never the loop
-                    self.sink_error = exc
-            return
-        self.body.append(body)
-        self.buffered += len(body)
+        if not self.complete:
+            self.body.append(body)  # piped or not, handed over once the read is parsed (`data_received`)
+            self.buffered += len(body)
 
     def on_message_complete(self) -> None:
         if not self.headers_done or self.complete:
@@ -255,6 +248,20 @@ class UpstreamConnection(asyncio.Protocol):
             self.pool.slot_freed(self)
 
     # -- internals -----------------------------------------------------------------------------
+    def _to_sink(self) -> None:
+        """What one read held of the body, to the sink at once: one hand-over per read, not per chunk of the
+        upstream's framing (a saturated upstream's hundreds of small chunks in one read become one write)."""
+        assert self.sink is not None
+        body = self.body
+        data = body[0] if len(body) == 1 else b"".join(body)
+        self.body = []
+        self.buffered = 0
+        if self.sink_error is None:
+            try:
+                self.sink(data)
+            except Exception as exc:  # a bug in the consumer: end this response, never the loop
+                self.sink_error = exc
+
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
