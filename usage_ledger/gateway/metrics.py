@@ -68,7 +68,7 @@ class Metrics:
     requests_timed_out: int = 0
     """Requests whose head or body did not arrive in time (408)."""
     bodies_too_slow: int = 0
-    """Of those, request bodies cut for pausing or arriving too slowly (`gateway.body`); never calls."""
+    """Of those, request bodies cut for pausing or arriving too slowly (`gateway._http.guard`); never calls."""
     requests_refused_busy: int = 0
     """Requests answered 503: the request-body budget was full."""
     response_blobs_omitted: int = 0
