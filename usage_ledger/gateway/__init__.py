@@ -18,6 +18,7 @@ relaying streamed calls on SQLite, 2026-12-05, put in the order the code calls t
       sse, usage    the SSE scanner; the tokens and usage per inference API
       kept          the response's bytes kept for its blob, within a per-call cap and a shared budget
       observed      what the response said, noted as it passes: token moments, usage, finish reasons
+      call_record   what the call tells the ledger and the operator: its events, usage, log line, metrics
       recorder      `call.started` / `call.finished` events, durable before the last byte in strict mode
       metrics, limits
     ledger        writer (group commit) → append → events, blobs, chunk_gaps, counts, _rows, chain, schema
