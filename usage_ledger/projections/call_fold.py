@@ -41,7 +41,7 @@ from usage_ledger.projections.call_rules import (
 from usage_ledger.projections.tables import calls
 from usage_ledger.projections.text import projection_tags, projection_text, projection_text_or_none
 
-__all__ = ("FRESH", "HANDLED", "CallRow", "decode_calls", "fold_call", "fold_calls")
+__all__ = ("FRESH", "HANDLED", "CallRow", "decode_calls", "fold_calls")
 
 FRESH = frozenset({"call.started", "call.imported"})
 """Event types that begin a call's row afresh (no stored row needs loading)."""
@@ -150,8 +150,9 @@ def _tagged(row: CallRow, tags: dict[str, str]) -> None:
     row.ticker = tags.get("ticker")
 
 
-def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> CallRow | None:
-    """Apply one slim call event to a call's row (None = no row yet); returns the new row."""
+def _apply(row: CallRow | None, ev: Any, version: int, position: int) -> CallRow | None:
+    """Apply one slim call event to a call's row (None = no row yet); returns the new row, its durations and
+    rates not yet derived (`_derive`, once per row and page: they depend only on the row's final state)."""
     if isinstance(ev, SStarted):
         row = CallRow(
             version=version,
@@ -203,7 +204,7 @@ def fold_call(row: CallRow | None, ev: Any, version: int, position: int) -> Call
     else:  # pragma: no cover - filtered by the caller
         return row
     row.last_position = position
-    return _derive(row)
+    return row
 
 
 @contextmanager
@@ -248,5 +249,5 @@ def fold_calls(events: Sequence[tuple[int, Any]], stored: Mapping[str, CallRow],
     with _collector_paused():
         for position, ev in events:
             call_id = ev.call_id
-            rows[call_id] = fold_call(rows[call_id] if call_id in rows else stored.get(call_id), ev, version, position)
-    return [row for row in rows.values() if row is not None]
+            rows[call_id] = _apply(rows[call_id] if call_id in rows else stored.get(call_id), ev, version, position)
+        return [_derive(row) for row in rows.values() if row is not None]
