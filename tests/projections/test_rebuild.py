@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select, update
 
 from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
 from usage_ledger.answers.reports import recompute_report, runs_report
@@ -18,7 +21,7 @@ from usage_ledger.ledger.events import (
 )
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
-from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.ledger.schema import checkpoints, events, head
 from usage_ledger.projections.calls import _sqlite_digest, rows_digest
 from usage_ledger.projections.engine import PROJECTIONS, catch_up, projection_status
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
@@ -215,6 +218,39 @@ async def test_workers_fold_in_one_process_when_an_event_is_outside_its_calls_st
     async with database.engine.connect() as conn:
         stored = (await conn.execute(select(calls).where(calls.c.version == two.version))).all()
     assert len(stored) == 30 and {row.call_id: row for row in stored}["c00004"].tags == '{"desk":"y"}'
+
+
+async def test_a_failing_worker_stops_the_others_at_their_next_page(database: Database) -> None:
+    """A worker that fails at its first page (a forged `call.finished` it cannot decode, first in the ledger and
+    in the upper range of streams) fails the rebuild with its error once every worker has ended: the other one
+    stops at its next page. It does not go on folding the rest of its range (750 calls in pages of 4 events)
+    into a version that will never be promoted, behind the rebuild's back, keeping its process from exiting."""
+    now = at(0)
+    async with database.engine.begin() as conn:
+        await conn.execute(
+            events.insert().values(
+                position=1,
+                event_id=uuid.uuid4(),
+                type="call.finished",
+                stream="call-zz",
+                occurred_at=now,
+                recorded_at=now,
+                payload='{"type":"call.finished","call_id":"zz"}',
+                hash="0" * 64,
+            )
+        )
+        await conn.execute(update(head).values(position=1, hash="0" * 64))
+    await append_plain_calls(database, 1500)  # streams call-c00000 … call-c01499: c00750 on are the upper range
+    before = set(multiprocessing.active_children())
+    with pytest.raises(msgspec.ValidationError):
+        await rebuild_projection(database, "calls", page_size=4, workers=2)
+    assert not set(multiprocessing.active_children()) - before  # no worker outlives the rebuild
+    async with database.engine.connect() as conn:
+        left = (
+            await conn.execute(select(func.max(checkpoints.c.version)).where(checkpoints.c.projection == "calls"))
+        ).scalar_one()
+        written = (await conn.execute(select(func.count()).where(calls.c.version == left))).scalar_one()
+    assert written < 750  # the lower worker stopped short of its range's end
 
 
 async def test_workers_must_be_one_or_more(database: Database) -> None:

@@ -22,6 +22,7 @@ import multiprocessing
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing.synchronize import Event as EventType
 
 import msgspec
 import structlog
@@ -128,14 +129,17 @@ async def fold_in_workers(
     """Fold every event up to the head into `version` (empty, checkpoint 0) in `workers` processes, then set
     its checkpoint to that head; returns it, or None (checkpoint left at 0, rows to be dropped) if an event
     is not in its key's stream. A worker that fails fails the rebuild (the version is left unpromoted; the
-    next rebuild starts another)."""
+    next rebuild starts another); either way the other workers stop at their next page (`_stop`), not at the
+    end of their range: the pool's exit waits for them."""
     async with database.engine.connect() as conn:
         head = await head_position(conn)
         bounds = await _stream_bounds(conn, workers)
     ranges = list(zip([None, *bounds], [*bounds, None], strict=True))
     loop = asyncio.get_running_loop()
     # spawn: a fork would copy this process's event loop, threads and open connections
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_given, initargs=(stop,)) as pool:
         parts = [
             loop.run_in_executor(pool, _fold_part, database.url, name, version, head, low, high, page_size)
             for low, high in ranges
@@ -145,11 +149,11 @@ async def fold_in_workers(
                 await finished
                 if progress is not None:
                     progress(head * done // workers, head)
-        except _OutsideItsStream:
-            pool.shutdown(wait=True, cancel_futures=True)
-            return None
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
+        except BaseException as exc:
+            stop.set()
+            await asyncio.gather(*parts, return_exceptions=True)  # each stops at its next page
+            if isinstance(exc, _OutsideItsStream):
+                return None
             raise
     async with database.engine.begin() as conn:
         await write_checkpoint(conn, name, version, head)
@@ -173,6 +177,20 @@ class _OutsideItsStream(Exception):
     """A worker read an event whose key's stream is not the one it was appended to."""
 
 
+class _Stopped(Exception):
+    """A worker was told to stop: another one failed, or the rebuild was interrupted."""
+
+
+_stop: EventType | None = None
+"""Set in every worker of a rebuild by `fold_in_workers` when one fails (a worker reads it between pages)."""
+
+
+def _given(stop: EventType) -> None:
+    """A worker's initializer: keep the rebuild's stop event."""
+    global _stop
+    _stop = stop
+
+
 def _fold_part(url: str, name: str, version: int, head: int, low: str | None, high: str | None, page_size: int) -> int:
     """A worker process: fold the events up to `head` whose stream is in [`low`, `high`)."""
     return asyncio.run(_fold_part_async(url, name, version, head, low, high, page_size))
@@ -194,6 +212,8 @@ async def _fold_part_async(
         folded = 0
         reading = asyncio.create_task(read_streams_page(database, 0, min(page_size, head), low, high))
         for after in range(0, head, page_size):
+            if _stop is not None and _stop.is_set():
+                raise _Stopped
             page = await reading
             if after + page_size < head:  # the next page is read while this one is folded and written
                 until = min(after + 2 * page_size, head)
