@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError, first_line
 from usage_ledger.ledger.events import NewEvent, utc_now
 
 __all__ = ("AppendResult", "AppendStream", "append_events", "appending", "translate_db_error")
@@ -122,12 +122,7 @@ def translate_db_error(exc: BaseException, database: Database) -> LedgerError:
     if isinstance(exc, LedgerError):
         return exc
     if isinstance(exc, OperationalError | InterfaceError | OSError | ConnectionError | asyncio.TimeoutError):
-        return DatabaseUnavailable(f"database {database.safe_url} unavailable: {_first_line(exc)}")
+        return DatabaseUnavailable(f"database {database.safe_url} unavailable: {first_line(exc)}")
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return DatabaseUnavailable(f"database {database.safe_url} connection lost: {_first_line(exc)}")
-    return LedgerError(f"append to {database.safe_url} failed: {_first_line(exc)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        return DatabaseUnavailable(f"database {database.safe_url} connection lost: {first_line(exc)}")
+    return LedgerError(f"append to {database.safe_url} failed: {first_line(exc)}")

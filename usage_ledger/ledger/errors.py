@@ -22,6 +22,7 @@ __all__ = (
     "SchemaError",
     "SpoolCorrupt",
     "SpoolWriteFailed",
+    "first_line",
 )
 
 
@@ -51,3 +52,9 @@ class BlobNotFound(LedgerError):
 
 class SpoolWriteFailed(LedgerError):
     """A spool write failed or came up short (e.g. ENOSPC); it was cut back and its events are not durable."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of a driver's message (the part a translated error repeats), or the exception's name."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

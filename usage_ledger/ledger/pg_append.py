@@ -40,7 +40,7 @@ import asyncpg  # type: ignore[import-untyped]
 from usage_ledger.ledger._rows import build_rows
 from usage_ledger.ledger._thread import settle  # the appenders' one way of handing back an outcome
 from usage_ledger.ledger.blobs import PreparedBlob
-from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
+from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError, first_line
 from usage_ledger.ledger.events import NewEvent
 
 __all__ = ("PostgresAppender", "PostgresStream")
@@ -230,7 +230,7 @@ class PostgresAppender:
             raise
         except Exception as exc:
             await self._reset()  # whatever state the failure left the connection in: the next append starts afresh
-            text = _first_line(exc)
+            text = first_line(exc)
             if _is_unavailable(exc):
                 raise DatabaseUnavailable(f"database {self._safe_url} unavailable: {text}") from exc
             raise LedgerError(f"append to {self._safe_url} failed: {text}") from exc
@@ -344,8 +344,3 @@ def _is_unavailable(exc: BaseException) -> bool:
         return True
     sqlstate = getattr(exc, "sqlstate", None) or ""
     return sqlstate[:2] in _UNAVAILABLE_CLASSES
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
