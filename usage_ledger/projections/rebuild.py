@@ -129,8 +129,8 @@ async def fold_in_workers(
     """Fold every event up to the head into `version` (empty, checkpoint 0) in `workers` processes, then set
     its checkpoint to that head; returns it, or None (checkpoint left at 0, rows to be dropped) if an event
     is not in its key's stream. A worker that fails fails the rebuild (the version is left unpromoted; the
-    next rebuild starts another); either way the other workers stop at their next page (`_stop`), not at the
-    end of their range: the pool's exit waits for them."""
+    next rebuild starts another). Either way the other workers stop at their next page (`_stop`), not at the
+    end of their range, and this returns or raises once every worker has ended."""
     async with database.engine.connect() as conn:
         head = await head_position(conn)
         bounds = await _stream_bounds(conn, workers)
