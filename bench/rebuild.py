@@ -1,6 +1,7 @@
 """Benchmark: full rebuild of the calls projection vs a plain scan of the events table.
 
     .venv/bin/python bench/rebuild.py --calls 1000000 [--db sqlite:///bench.db] [--keep] [--gaps N] [--no-scan]
+                                      [--workers N] [--phases]
 
 Generates `calls` gateway-shaped calls (call.started + call.finished = 2 events each, 14 in flight)
 unless the database already holds them (--keep reuses it); with `--gaps N` each call.finished names
@@ -17,13 +18,21 @@ each carries vLLM's per-request `metrics` block with its `speculative_decoding` 
 
 and peak RSS: of this process, and of the largest child process (half of a big SQLite digest is
 encoded by a child). Prints the digest (equal events give an equal digest, however the rows were
-built) and a Markdown row for docs/BENCHMARKS.md.
+built), each stage's wall and CPU seconds (folding, digest and promotion, removal of the old version)
+and a Markdown row for docs/BENCHMARKS.md.
+
+`--phases`, instead of the rebuild: the fold path's parts one after another in this process, over the
+rebuild's own pages (50,000 events) into a scratch version removed afterwards, each timed alone: reading
+a page (`engine.read_page`), decoding it (`call_fold.decode_calls`), folding it (`call_fold.fold_calls`),
+the rows to the driver's parameters and their write (`engine.write_rows`, one transaction a page), in
+µs per call. What a rebuild in one process costs when nothing runs beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import resource
 import sys
 import time
@@ -43,7 +52,9 @@ from usage_ledger.ledger.events import CallFinished, CallStarted, NewEvent, Timi
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections.rebuild import rebuild_projection
+from usage_ledger.projections.call_fold import decode_calls, fold_calls
+from usage_ledger.projections.engine import projection_named, read_page, write_rows
+from usage_ledger.projections.rebuild import drop_version, rebuild_projection
 
 T0 = datetime(2026, 3, 1, 13, 0, tzinfo=UTC)
 
@@ -146,6 +157,7 @@ async def main() -> None:
         "--spec-blocks", action="store_true", help="each call.finished carries vLLM's per-request block"
     )
     parser.add_argument("--no-scan", action="store_true", help="time the rebuild only, not the two scans")
+    parser.add_argument("--phases", action="store_true", help="time the fold path's parts alone, not the rebuild")
     args = parser.parse_args()
     if args.db.startswith("sqlite:///") and not args.keep:
         for suffix in ("", "-wal", "-shm"):
@@ -171,9 +183,21 @@ async def main() -> None:
         scan, n = await _scan(database)
         raw, m = await _scan_raw(database)
 
+    if args.phases:
+        await _phases(database, head)
+        await database.dispose()
+        return
+    stages: list[tuple[str, float, float]] = []
+
+    def stage(text: str) -> None:
+        stages.append((text, time.perf_counter(), _cpu_seconds()))
+
     t, cpu = time.perf_counter(), _cpu_seconds()
-    promoted = await rebuild_projection(database, "calls", workers=args.workers)
+    promoted = await rebuild_projection(database, "calls", workers=args.workers, stage=stage)
     rebuild, rebuild_cpu = time.perf_counter() - t, _cpu_seconds() - cpu
+    stage("end")
+    for (text, wall0, cpu0), (_, wall1, cpu1) in itertools.pairwise(stages):
+        print(f"  {text}: wall {wall1 - wall0:.1f} s, CPU {cpu1 - cpu0:.1f} s", file=sys.stderr)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     await database.dispose()
@@ -187,6 +211,40 @@ async def main() -> None:
         f"| {backend} | {args.calls:,} (workers {args.workers}) | {head:,} | {scan:.1f} | {raw:.1f} | {rebuild:.1f} | {rebuild_cpu:.1f} | "
         f"{rebuild / scan:.2f} | {rebuild / raw:.2f} | {rss_mb:.0f} | {child_rss_mb:.0f} |"
     )
+
+
+async def _phases(database: Database, head: int, page_size: int = 50_000) -> None:
+    projection = projection_named("calls")
+    version = 1_000_000  # a scratch version, far above any a rebuild makes
+    async with database.engine.begin() as conn:
+        await drop_version(conn, "calls", version)
+    spent = dict.fromkeys(("read", "decode", "fold", "parameters", "write"), 0.0)
+    unwritten: dict[str, Any] = {}
+    calls: set[str] = set()
+    try:
+        for after in range(0, head, page_size):
+            t = time.perf_counter()
+            page = await read_page(database, after, min(after + page_size, head))
+            t, spent["read"] = time.perf_counter(), spent["read"] + time.perf_counter() - t
+            events_, continuing = decode_calls(page)
+            t, spent["decode"] = time.perf_counter(), spent["decode"] + time.perf_counter() - t
+            rows = fold_calls(events_, {c: unwritten[c] for c in continuing if c in unwritten}, version)
+            t, spent["fold"] = time.perf_counter(), spent["fold"] + time.perf_counter() - t
+            unwritten = {r.call_id: r for r in rows}
+            calls.update(unwritten)
+            if database.sqlite_appender is not None:
+                write = projection.table.sqlite_write(rows)  # what `write_rows` does first, timed apart
+                t, spent["parameters"] = time.perf_counter(), spent["parameters"] + time.perf_counter() - t
+                await database.sqlite_appender.transaction(write, durable=False)
+            else:
+                await write_rows(database, projection, version, rows)
+            spent["write"] += time.perf_counter() - t
+    finally:
+        async with database.engine.begin() as conn:
+            await drop_version(conn, "calls", version)
+    print(f"{len(calls):,} calls; wall µs per call of each part, run alone (read and write: the database's work in it)")
+    for part, seconds in spent.items():
+        print(f"  {part}: {seconds / max(len(calls), 1) * 1e6:.1f}")
 
 
 async def _scan(database: Database) -> tuple[float, int]:
