@@ -219,26 +219,36 @@ async def _phases(database: Database, head: int, page_size: int = 50_000) -> Non
     async with database.engine.begin() as conn:
         await drop_version(conn, "calls", version)
     spent = dict.fromkeys(("read", "decode", "fold", "parameters", "write"), 0.0)
+    clock = time.perf_counter()
+
+    def lap(part: str) -> None:
+        """The time since the last lap goes to `part`."""
+        nonlocal clock
+        now = time.perf_counter()
+        spent[part] += now - clock
+        clock = now
+
     unwritten: dict[str, Any] = {}
     calls: set[str] = set()
     try:
         for after in range(0, head, page_size):
-            t = time.perf_counter()
+            clock = time.perf_counter()
             page = await read_page(database, after, min(after + page_size, head))
-            t, spent["read"] = time.perf_counter(), spent["read"] + time.perf_counter() - t
+            lap("read")
             events_, continuing = decode_calls(page)
-            t, spent["decode"] = time.perf_counter(), spent["decode"] + time.perf_counter() - t
+            lap("decode")
             rows = fold_calls(events_, {c: unwritten[c] for c in continuing if c in unwritten}, version)
-            t, spent["fold"] = time.perf_counter(), spent["fold"] + time.perf_counter() - t
+            lap("fold")
             unwritten = {r.call_id: r for r in rows}
             calls.update(unwritten)
+            clock = time.perf_counter()
             if database.sqlite_appender is not None:
                 write = projection.table.sqlite_write(rows)  # what `write_rows` does first, timed apart
-                t, spent["parameters"] = time.perf_counter(), spent["parameters"] + time.perf_counter() - t
+                lap("parameters")
                 await database.sqlite_appender.transaction(write, durable=False)
             else:
                 await write_rows(database, projection, version, rows)
-            spent["write"] += time.perf_counter() - t
+            lap("write")
     finally:
         async with database.engine.begin() as conn:
             await drop_version(conn, "calls", version)

@@ -182,7 +182,8 @@ class _Stopped(Exception):
 
 
 _stop: EventType | None = None
-"""Set in every worker of a rebuild by `fold_in_workers` when one fails (a worker reads it between pages)."""
+"""In a worker: the rebuild's stop event (given by the pool's initializer), which `fold_in_workers` sets when a
+worker fails or the rebuild is interrupted; read between pages."""
 
 
 def _given(stop: EventType) -> None:
