@@ -54,7 +54,7 @@ typecheck: venv
 # The whole suite: lint, types, then every test (PostgreSQL ones need TEST_PG_URL): on every core (at most 4),
 # then the `serial` tests alone (they time the box or need its cores: real vLLM, the soak, trickling clients).
 # worksteal: an idle worker takes tests queued for a busy one, so the slowest tests (the demo, 90 s) do not leave
-# one core idle at the end (the "not serial" part on 2 cores: 16 min 33 s -> 14 min 53 s, one run each).
+# one core idle at the end (docs/BENCHMARKS.md, the whole suite).
 ON_EVERY_CORE := --numprocesses auto --maxprocesses 4 --dist worksteal
 test: lint typecheck
 	$(BIN)/python -m pytest -m "not serial" $(ON_EVERY_CORE)

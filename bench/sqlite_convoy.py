@@ -1,6 +1,6 @@
 """Benchmark: `sqlite3` `executemany` on one thread while another thread runs Python (the GIL's convoy).
 
-    .venv/bin/python bench/sqlite_convoy.py [--rows 5000] [--switch-ms 5]
+    .venv/bin/python bench/sqlite_convoy.py [--rows 5000] [--switch-ms 5] [--alone]
 
 `sqlite3` lets go of the GIL around every step of a statement, so an `executemany` takes the GIL back
 once per row. While another thread of the process runs Python, each of those takes waits for that thread
@@ -12,10 +12,13 @@ calls read model's shape (31 columns, its two indexes) upserted in one transacti
   written: `engine.catch_up` overlaps them, so in one process they take turns, and `--workers N`
   processes are how a rebuild uses a second core);
 - the same rows as multi-row `INSERT … VALUES (…), (…)` statements of 1,000 rows, alone and beside it:
-  one GIL take per statement, so the other thread hardly slows them, but per row they cost more than
-  `executemany` as the batch grows (100,000 rows of the read model's upsert, its datetime rewrite in
-  SQL: 14–19 µs a row through `executemany`, 24–44 µs in statements of 100–1,000 rows, measured
-  2026-12-06), which is why the rebuild's writes stay `executemany`.
+  one GIL take per statement, so the other thread hardly slows them (`--rows 100000 --alone`: the two
+  alone at a size where the cases beside a thread would take minutes).
+
+These rows carry their datetimes as stored text. The rebuild's upsert rewrites msgspec's text in SQL
+(`row_table._sqlite_time_sql`, a CASE per datetime column): with it, multi-row statements cost 24–44 µs a
+row against `executemany`'s 14–19 (an ad-hoc copy of this script, 100,000 folded rows, 2026-12-06), which is
+why the rebuild's writes stay `executemany`.
 
 Prints rows per second for each. Never used as a test.
 """
@@ -31,6 +34,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from usage_ledger.projections.tables import calls
 
@@ -53,9 +59,6 @@ def _row(i: int) -> tuple[object, ...]:
 
 
 def _ddl(conn: sqlite3.Connection) -> None:
-    from sqlalchemy.dialects import sqlite
-    from sqlalchemy.schema import CreateIndex, CreateTable
-
     conn.execute(str(CreateTable(calls).compile(dialect=sqlite.dialect())))
     for index in calls.indexes:
         conn.execute(str(CreateIndex(index).compile(dialect=sqlite.dialect())))
@@ -103,13 +106,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=5_000)
     parser.add_argument("--switch-ms", type=float, default=5.0, help="sys.setswitchinterval, in ms")
+    parser.add_argument("--alone", action="store_true", help="only the cases without the Python thread beside")
     args = parser.parse_args()
     sys.setswitchinterval(args.switch_ms / 1000)
     rows = [_row(i) for i in range(args.rows)]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "convoy.db"
         for multi in (False, True):
-            for busy in (False, True):
+            for busy in (False,) if args.alone else (False, True):
                 elapsed = _time(path, rows, multi, busy)
                 what = "multi-row INSERT" if multi else "executemany"
                 beside = "beside a Python thread" if busy else "alone"
