@@ -11,15 +11,19 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select, text
 
 from tests.ledger.helpers import call_events, migrated
+from usage_ledger.ledger import pg_append
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, read_blob
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import LedgerError
-from usage_ledger.ledger.events import CallStarted, new_event
+from usage_ledger.ledger.events import CallStarted, NewEvent, encode_event, new_event
 from usage_ledger.ledger.migrate import downgrade_database, upgrade_database
 from usage_ledger.ledger.read import iter_events
 from usage_ledger.ledger.schema import blobs
@@ -151,3 +155,70 @@ async def test_a_head_behind_the_events_is_refused_and_the_documented_repair_res
     assert (await append_events(pg_database, call_events(3))).last_position == 6
     report = await verify_chain(pg_database)
     assert report.ok and report.checked == 6, report
+
+
+def _named(events: list[NewEvent], stream: str, run: str) -> list[NewEvent]:
+    """`events` in `stream`, their `call.started` with `run` (text that reaches the payload)."""
+    started = events[0].body
+    assert isinstance(started, CallStarted)
+    return [
+        new_event(
+            msgspec.structs.replace(started, run=run),
+            stream=stream,
+            occurred_at=events[0].occurred_at,
+            event_id=events[0].event_id,
+        ),
+        new_event(events[1].body, stream=stream, occurred_at=events[1].occurred_at, event_id=events[1].event_id),
+    ]
+
+
+async def _stored_as_given(url: str, texts: list[str]) -> None:
+    """Each text as a run (in the payload) and a stream name (without NUL, which PostgreSQL's text refuses): what is
+    stored is what was given, and the chain computed in Python over it verifies from the stored rows."""
+    async with migrated(url) as database:
+        before = (await _head(database))[0] if await _has_events(database) else 0
+        batch = [
+            event
+            for index, value in enumerate(texts)
+            for event in _named(call_events(before + index), value[:255].replace("\x00", ""), value)
+        ]
+        await append_events(database, batch)
+        stored = [e async for e in iter_events(database, before)]
+        assert [(e.stream, e.payload) for e in stored] == [(e.stream, encode_event(e.body).decode()) for e in batch]
+        report = await verify_chain(database)
+        assert report.ok, report
+
+
+async def _has_events(database: Database) -> bool:
+    async with database.engine.connect() as conn:
+        return bool(await conn.scalar(text("SELECT count(*) FROM ledger_events")))
+
+
+_ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), min_size=1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.lists(
+        _ANY_TEXT | st.sampled_from(["$$", "$q$", "'", "\\'", "$q0$x$q0$", "E'\\x27'"]), min_size=1, max_size=4
+    )
+)
+def test_text_written_out_in_the_insert_reaches_the_ledger_unchanged(fresh_pg_url: str, texts: list[str]) -> None:
+    """The appender writes a batch's values out in its INSERT, dollar-quoted (`pg_append._insert_and_commit`)."""
+    asyncio.run(_stored_as_given(fresh_pg_url, texts))
+
+
+async def test_a_batch_beyond_the_written_out_size_is_stored_the_same(pg_database: Database) -> None:
+    """Beyond `_WRITTEN_OUT_MAX` events an append's rows go as binary arrays, then COMMIT."""
+    texts = ["$$", "$q$", "'", "\\'", "\u00e9\u2603\U0001f600", '"}]', "\n\t"] * 6
+    assert 2 * len(texts) > pg_append._WRITTEN_OUT_MAX
+    await _stored_as_given(pg_database.url, texts)
+
+
+async def test_a_quoting_tag_found_in_the_text_is_drawn_again(
+    pg_database: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn = iter(["0001", "0002"])
+    monkeypatch.setattr("secrets.token_hex", lambda _n: next(drawn))  # pg_append draws its tags from it
+    await _stored_as_given(pg_database.url, ["ends in $q0001$; DROP TABLE ledger_events; --"])
+    assert next(drawn, None) is None  # the first tag was in the text: a second one was drawn

@@ -14,7 +14,10 @@ commit order = position order and the chain has one head. What the lock covers i
   does not queue behind a second flush per batch. A batch that fails after its bodies were
   committed leaves them unreferenced, harmless, until its events arrive (from the spool).
 - Under it: the rows are built on this thread (positions and hashes: `_rows.build_rows`, the
-  chain's one definition), one statement inserts them and moves the head, then COMMIT.
+  chain's one definition), one statement inserts them and moves the head, then COMMIT. For a batch
+  of up to `_WRITTEN_OUT_MAX` events (a gateway's) the statement and its COMMIT go in one message
+  (`_insert_and_commit`), so the head is held for one turn of this thread, not two: the server
+  commits without waiting for the thread to wake again (docs/scaling.md §1).
 - On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
   statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -36,6 +40,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
+import msgspec
 
 from usage_ledger.ledger._rows import build_rows
 from usage_ledger.ledger._thread import settle  # the appenders' one way of handing back an outcome
@@ -49,6 +54,10 @@ T = TypeVar("T")
 _Step = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], "asyncio.AbstractEventLoop | None", Any]
 """A coroutine function to run on the appender's loop, its arguments, and the caller's loop and future (or None)."""
 
+_json = msgspec.json.Encoder()
+_WRITTEN_OUT_MAX = 64
+"""Events up to which an append's rows go in one message with its COMMIT (`_insert_and_commit`); beyond, the
+server's reading of the JSON costs more than the turn saved, and they go as binary arrays, then COMMIT."""
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
 _INSERT_EVENTS = """
@@ -180,9 +189,13 @@ class PostgresAppender:
             conn = await self._connection()
             if blobs:
                 await self._write_blobs(conn, blobs, recorded_at)
-            # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
-            # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
-            return await self._chain(conn, batch, recorded_at, lambda: conn.transaction(isolation="read_committed"))
+            try:
+                return await self._committed(conn, batch, recorded_at, check_existing=False)
+            except asyncpg.UniqueViolationError as exc:
+                if exc.constraint_name == "pk_ledger_events":
+                    raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
+                # Optimistic first try, as in `_chain`
+                return await self._committed(conn, batch, recorded_at, check_existing=True)
 
         return await self._guarded(work())
 
@@ -221,6 +234,23 @@ class PostgresAppender:
             # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
             async with scope():
                 return await self._insert_events(conn, batch, recorded_at, check_existing=True)
+
+    @staticmethod
+    async def _committed(
+        conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
+    ) -> tuple[int, int, int]:
+        """The batch chained onto the head in a transaction of its own, whose COMMIT goes with the INSERT."""
+        # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
+        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
+        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        try:
+            return await PostgresAppender._insert_events(
+                conn, batch, recorded_at, check_existing=check_existing, commit=True
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
+                await conn.execute("ROLLBACK")
+            raise
 
     async def _guarded(self, work: Awaitable[T]) -> T:
         """`work`, with a failure other than the ledger's own dropping the connection and said as the ledger's."""
@@ -268,7 +298,7 @@ class PostgresAppender:
 
     @staticmethod
     async def _insert_events(
-        conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
+        conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool, commit: bool = False
     ) -> tuple[int, int, int]:
         """Lock and read the head, insert the batch's new events after it and move it (inside a transaction)."""
         head = await conn.fetchrow(_READ_HEAD)  # the lock and the tail, one statement
@@ -281,6 +311,10 @@ class PostgresAppender:
         rows, last = build_rows(
             batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
         )
+        if commit and len(rows) <= _WRITTEN_OUT_MAX:
+            # one message: the server commits without waiting for this thread's next turn inside the lock
+            await conn.execute(_insert_and_commit(rows, recorded_at, last) if rows else "COMMIT")
+            return len(rows), len(batch) - len(rows), last
         if rows:
             position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
             await conn.execute(
@@ -296,6 +330,8 @@ class PostgresAppender:
                 last,
                 hashes[-1],
             )
+        if commit:
+            await conn.execute("COMMIT")
         return len(rows), len(batch) - len(rows), last
 
 
@@ -337,6 +373,23 @@ async def _run_all(queue: asyncio.Queue[_Step | None]) -> None:
         if caller is not None:
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody waits any more
                 caller.call_soon_threadsafe(settle, done, result, error)
+
+
+def _insert_and_commit(rows: Sequence[tuple[Any, ...]], recorded_at: datetime, last: int) -> str:
+    """`_INSERT_EVENTS` of `rows`, then COMMIT, as one simple query (parameters need the extended protocol: one
+    statement a message). The rows go in as one JSON document in a dollar-quoted literal, with a tag it does not
+    contain (no server setting changes what such a literal means), read back exactly by `->>`."""
+    document = _json.encode([(p, i, t, s, o, pl, h) for p, i, t, s, o, _, pl, h in rows]).decode()
+    tag = "q" + secrets.token_hex(8)  # a tag is an identifier: a letter first
+    while f"${tag}$" in document:
+        tag = "q" + secrets.token_hex(8)
+    return (
+        f"WITH moved AS (UPDATE ledger_head SET position = {int(last)}, hash = '{rows[-1][7]}' WHERE id = 1) "
+        "INSERT INTO ledger_events (position, event_id, type, stream, occurred_at, recorded_at, payload, hash) "
+        "SELECT (r->>0)::bigint, (r->>1)::uuid, r->>2, r->>3, (r->>4)::timestamptz, "
+        f"'{recorded_at.isoformat()}'::timestamptz, r->>5, r->>6 "
+        f"FROM jsonb_array_elements(${tag}${document}${tag}$::jsonb) AS r; COMMIT"
+    )
 
 
 def _is_unavailable(exc: BaseException) -> bool:
