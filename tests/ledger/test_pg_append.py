@@ -1,4 +1,5 @@
-"""PostgreSQL appends through `ledger_head`: several appenders, one gap-free chain; bodies committed before it.
+"""PostgreSQL appends through `ledger_head`: several appenders, one gap-free chain; bodies committed before it; a
+small batch's rows written out in its COMMIT's message, stored as given.
 
 On PostgreSQL only (SQLite's appender has no separate bodies transaction; the head table is
 checked on both backends in `test_head_row_is_the_tail_on_both_backends`).
