@@ -189,13 +189,9 @@ class PostgresAppender:
             conn = await self._connection()
             if blobs:
                 await self._write_blobs(conn, blobs, recorded_at)
-            try:
-                return await self._committed(conn, batch, recorded_at, check_existing=False)
-            except asyncpg.UniqueViolationError as exc:
-                if exc.constraint_name == "pk_ledger_events":
-                    raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
-                # Optimistic first try, as in `_chain`
-                return await self._committed(conn, batch, recorded_at, check_existing=True)
+            return await self._optimistic(
+                lambda check_existing: self._committed(conn, batch, recorded_at, check_existing=check_existing)
+            )
 
         return await self._guarded(work())
 
@@ -223,17 +219,24 @@ class PostgresAppender:
     async def _chain(
         self, conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, scope: Callable[[], Any]
     ) -> tuple[int, int, int]:
-        """The batch chained onto the head inside `scope()` (a transaction, or a stream's savepoint)."""
-        try:
+        """The batch chained onto the head inside `scope()` (a stream's savepoint)."""
+
+        async def attempt(check_existing: bool) -> tuple[int, int, int]:
             async with scope():
-                return await self._insert_events(conn, batch, recorded_at, check_existing=False)
+                return await self._insert_events(conn, batch, recorded_at, check_existing=check_existing)
+
+        return await self._optimistic(attempt)
+
+    async def _optimistic(self, attempt: Callable[[bool], Awaitable[T]]) -> T:
+        """`attempt(False)`: insert as if no event id were stored yet (the unique index checks each one anyway).
+        One was — a spool replay, a re-import: `attempt(True)`, dropping stored ids. A position already stored
+        means the head is behind the events."""
+        try:
+            return await attempt(False)
         except asyncpg.UniqueViolationError as exc:
             if exc.constraint_name == "pk_ledger_events":
                 raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
-            # Optimistic first try: insert as if no event id were stored yet (the unique index checks
-            # each one anyway). One was — a spool replay, a re-import: again, dropping stored ids.
-            async with scope():
-                return await self._insert_events(conn, batch, recorded_at, check_existing=True)
+            return await attempt(True)
 
     @staticmethod
     async def _committed(
