@@ -198,7 +198,7 @@ class PostgresAppender:
     async def _stream_begin(self) -> None:
         async def work() -> None:
             conn = await self._connection()
-            transaction = conn.transaction(isolation="read_committed")  # as in `_append`
+            transaction = conn.transaction(isolation="read_committed")  # as in `_committed`
             await transaction.start()
             self._stream = transaction
 
