@@ -56,8 +56,9 @@ _Step = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], "asyncio.AbstractE
 
 _json = msgspec.json.Encoder()
 _WRITTEN_OUT_MAX = 64
-"""Events up to which an append's rows go in one message with its COMMIT (`_insert_and_commit`); beyond, the
-server's reading of the JSON costs more than the turn saved, and they go as binary arrays, then COMMIT."""
+"""Events up to which an append's rows go in one message with its COMMIT (`_insert_and_commit`): a gateway's
+batches are a few events. Bigger ones (`append_events` of a file) go as binary arrays, then COMMIT: the form the
+server reads cheapest, where one turn more under the lock is little next to the batch (docs/scaling.md §1)."""
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
 _INSERT_EVENTS = """
