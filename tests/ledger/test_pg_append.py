@@ -219,3 +219,28 @@ async def test_a_quoting_tag_found_in_the_text_is_drawn_again(
     monkeypatch.setattr("secrets.token_hex", lambda _n: next(drawn))  # pg_append draws its tags from it
     await _stored_as_given(pg_database.url, ["ends in $q0001$; DROP TABLE ledger_events; --"])
     assert next(drawn, None) is None  # the first tag was in the text: a second one was drawn
+
+
+async def test_an_append_returns_only_once_the_wal_holds_its_commit(pg_database: Database) -> None:
+    """The events' COMMIT does not wait for the WAL flush (the head is released before it); the append returns only
+    after `pg_append._FLUSH`, whose COMMIT does. Read from the WAL itself (pg_walinspect): each append's commit
+    record lies below the flushed end as soon as the append returns (without `_FLUSH`, the WAL writer flushes an
+    asynchronous commit within 200 ms: most would not)."""
+    async with pg_database.engine.begin() as conn:
+        await conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
+        start = (await conn.execute(text("SELECT pg_current_wal_insert_lsn()"))).scalar_one()
+    for index in range(1, 21):
+        await append_events(pg_database, call_events(index))
+        async with pg_database.engine.connect() as conn:
+            flushed = (await conn.execute(text("SELECT pg_current_wal_flush_lsn()"))).scalar_one()
+            committed = await conn.scalar(
+                text(
+                    "SELECT count(*) FROM pg_get_wal_records_info(CAST(:start AS pg_lsn), CAST(:flushed AS pg_lsn)) "
+                    "WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' "
+                    "AND xid = (SELECT xmin FROM ledger_events WHERE position = :position)"
+                ),
+                {"start": start, "flushed": flushed, "position": 2 * index},
+            )
+        assert committed == 1, f"append {index}: its commit is not in the WAL flushed when it returned"
+    report = await verify_chain(pg_database)
+    assert report.ok and report.checked == 40, report

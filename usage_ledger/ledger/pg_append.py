@@ -8,16 +8,26 @@ commit order = position order and the chain has one head. What the lock covers i
 - Bodies are inserted **before** it, in their own transaction (`ON CONFLICT DO NOTHING`: idempotent
   by hash, they need no position). Not in the events' transaction: two appenders inserting the same
   hash would wait on each other's uncommitted row, one of them holding the head. That transaction
-  commits with `synchronous_commit` off: the events' COMMIT, later in the same WAL, flushes it too
-  (and a body another appender already stored is flushed by the time our events commit, being
-  earlier in the WAL), so a stored event never names a lost body, and the lock holder's WAL flush
-  does not queue behind a second flush per batch. A batch that fails after its bodies were
-  committed leaves them unreferenced, harmless, until its events arrive (from the spool).
+  commits with `synchronous_commit` off: the append's flush (below), later in the same WAL, flushes
+  it too (and a body another appender already stored, being earlier in the WAL), so a stored event
+  never names a lost body, and no append waits for a second flush per batch. A batch that fails
+  after its bodies were committed leaves them unreferenced, harmless, until its events arrive (from
+  the spool).
 - Under it: the rows are built on this thread (positions and hashes: `_rows.build_rows`, the
   chain's one definition), one statement inserts them and moves the head, then COMMIT. For a batch
   of up to `_WRITTEN_OUT_MAX` events (a gateway's) the statement and its COMMIT go in one message
   (`_insert_and_commit`), so the head is held for one turn of this thread, not two: the server
   commits without waiting for the thread to wake again (docs/scaling.md §1).
+- Not under it: the WAL flush. The events' transaction commits with `synchronous_commit` off, which
+  releases the head as soon as the commit is in the WAL, and the same message then commits a
+  transaction that writes one WAL record (`_FLUSH`) with the session's own setting: its COMMIT waits
+  for the WAL up to it, so for the events' commit before it, and for a synchronous standby if one is
+  configured. An append returns only after that, so it is as durable as before. What changes: other
+  connections may see the events before they are on disk. An appender that chains onto them, or a
+  follower that folds them, commits later in the same WAL, so its flush covers them; only a reader
+  outside PostgreSQL (an export) could see events that a server crash in that millisecond loses, and
+  their gateway, told of no success, appends them again. Flushes outside the lock can be shared
+  (PostgreSQL's group commit), where under it each waited for the one before.
 - On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
   statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
 
@@ -59,6 +69,10 @@ _WRITTEN_OUT_MAX = 64
 """Events up to which an append's rows go in one message with its COMMIT (`_insert_and_commit`): a gateway's
 batches are a few events. Bigger ones (`append_events` of a file) go as binary arrays, then COMMIT: the form the
 server reads cheapest, where one turn more under the lock is little next to the batch (docs/scaling.md §1)."""
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off"
+_FLUSH = "BEGIN; SELECT pg_logical_emit_message(true, 'usage-ledger', 'flush'); COMMIT"
+"""A transaction whose COMMIT waits for the WAL to be flushed up to it (a transactional message gives it a
+transaction id and a WAL record: a COMMIT without both does not wait): after an append's COMMIT, which does not."""
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
 _INSERT_EVENTS = """
@@ -245,8 +259,9 @@ class PostgresAppender:
     ) -> tuple[int, int, int]:
         """The batch chained onto the head in a transaction of its own, whose COMMIT goes with the INSERT."""
         # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
-        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead)
-        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead). Its COMMIT does
+        # not wait for the WAL flush: `_FLUSH` does, after it, with the head released.
+        await conn.execute(_BEGIN)
         try:
             return await PostgresAppender._insert_events(
                 conn, batch, recorded_at, check_existing=check_existing, commit=True
@@ -316,8 +331,9 @@ class PostgresAppender:
             batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
         )
         if commit and len(rows) <= _WRITTEN_OUT_MAX:
-            # one message: the server commits without waiting for this thread's next turn inside the lock
-            await conn.execute(_insert_and_commit(rows, recorded_at, last) if rows else "COMMIT")
+            # one message: the server commits without waiting for this thread's next turn inside the lock. A
+            # batch of stored events only is flushed too: another appender may have stored them, unflushed.
+            await conn.execute(f"{_insert_and_commit(rows, recorded_at, last) if rows else 'COMMIT'}; {_FLUSH}")
             return len(rows), len(batch) - len(rows), last
         if rows:
             position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
@@ -335,7 +351,7 @@ class PostgresAppender:
                 hashes[-1],
             )
         if commit:
-            await conn.execute("COMMIT")
+            await conn.execute(f"COMMIT; {_FLUSH}")
         return len(rows), len(batch) - len(rows), last
 
 
