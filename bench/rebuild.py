@@ -224,7 +224,7 @@ async def _vacuumed(database: Database) -> None:
     """VACUUM (ANALYZE) the calls read model before it is timed (PostgreSQL): the state autovacuum, on by
     default, keeps it in. Each rebuild deletes the version it replaces; on a server with autovacuum off those
     rows stay dead, and a database rebuilt again and again (`--keep`) measures its bloat: 17 rebuilds of 1M
-    calls left 17M dead rows in a 5.6 GB table, and the digest took 8.2 s instead of 4.7."""
+    calls left 17M dead rows in a 5.6 GB table, and the digest took 8.2-9.4 s instead of 4.6-5.1."""
     t = time.perf_counter()
     async with database.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
