@@ -201,7 +201,7 @@ _ANY_TEXT = st.text(alphabet=st.characters(codec="utf-8"), min_size=1)
     )
 )
 def test_text_written_out_in_the_insert_reaches_the_ledger_unchanged(fresh_pg_url: str, texts: list[str]) -> None:
-    """The appender writes a batch's values out in its INSERT, dollar-quoted (`pg_append._insert_and_commit`)."""
+    """The appender writes a batch's values out in its INSERT, dollar-quoted (`pg_append._written_out`)."""
     asyncio.run(_stored_as_given(fresh_pg_url, texts))
 
 
@@ -223,9 +223,9 @@ async def test_a_quoting_tag_found_in_the_text_is_drawn_again(
 
 async def test_an_append_returns_only_once_the_wal_holds_its_commit(pg_database: Database) -> None:
     """The events' COMMIT does not wait for the WAL flush (the head is released before it); the append returns only
-    after `pg_append._FLUSH`, whose COMMIT does. Read from the WAL itself (pg_walinspect): each append's commit
-    record lies below the flushed end as soon as the append returns (without `_FLUSH`, the WAL writer flushes an
-    asynchronous commit within 200 ms: most would not)."""
+    after the second transaction of `pg_append._COMMIT`, whose COMMIT does. Read from the WAL itself (pg_walinspect):
+    each append's commit record lies below the flushed end as soon as the append returns (without that transaction,
+    the WAL writer flushes an asynchronous commit within 200 ms: most would not)."""
     async with pg_database.engine.begin() as conn:
         await conn.execute(text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
         start = (await conn.execute(text("SELECT pg_current_wal_insert_lsn()"))).scalar_one()

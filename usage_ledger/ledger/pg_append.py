@@ -16,11 +16,11 @@ commit order = position order and the chain has one head. What the lock covers i
 - Under it: the rows are built on this thread (positions and hashes: `_rows.build_rows`, the
   chain's one definition), one statement inserts them and moves the head, then COMMIT. For a batch
   of up to `_WRITTEN_OUT_MAX` events (a gateway's) the statement and its COMMIT go in one message
-  (`_insert_and_commit`), so the head is held for one turn of this thread, not two: the server
+  (`_written_out`), so the head is held for one turn of this thread, not two: the server
   commits without waiting for the thread to wake again (docs/scaling.md §1).
 - Not under it: the WAL flush. The events' transaction commits with `synchronous_commit` off, which
   releases the head as soon as the commit is in the WAL, and the same message then commits a
-  transaction that writes one WAL record (`_FLUSH`) with the session's own setting: its COMMIT waits
+  transaction that writes one WAL record (`_COMMIT`) with the session's own setting: its COMMIT waits
   for the WAL up to it, so for the events' commit before it, and for a synchronous standby if one is
   configured. An append returns only after that, so it is as durable as before. What changes: other
   connections may see the events before they are on disk. An appender that chains onto them, or a
@@ -66,13 +66,14 @@ _Step = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], "asyncio.AbstractE
 
 _json = msgspec.json.Encoder()
 _WRITTEN_OUT_MAX = 64
-"""Events up to which an append's rows go in one message with its COMMIT (`_insert_and_commit`): a gateway's
+"""Events up to which an append's rows go in one message with its COMMIT (`_written_out`): a gateway's
 batches are a few events. Bigger ones (`append_events` of a file) go as binary arrays, then COMMIT: the form the
 server reads cheapest, where one turn more under the lock is little next to the batch (docs/scaling.md §1)."""
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off"
-_FLUSH = "BEGIN; SELECT pg_logical_emit_message(true, 'usage-ledger', 'flush'); COMMIT"
-"""A transaction whose COMMIT waits for the WAL to be flushed up to it (a transactional message gives it a
-transaction id and a WAL record: a COMMIT without both does not wait): after an append's COMMIT, which does not."""
+_COMMIT = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'usage-ledger', 'flush'); COMMIT"
+"""An append's COMMIT (not waiting for the WAL flush), then a transaction whose COMMIT waits for the WAL to be
+flushed up to it (a transactional message gives it a transaction id and a WAL record: a COMMIT without both does
+not wait). A batch of stored events only is flushed too: another appender may have stored them, unflushed."""
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
 _INSERT_EVENTS = """
@@ -260,7 +261,7 @@ class PostgresAppender:
         """The batch chained onto the head in a transaction of its own, whose COMMIT goes with the INSERT."""
         # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
         # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead). Its COMMIT does
-        # not wait for the WAL flush: `_FLUSH` does, after it, with the head released.
+        # not wait for the WAL flush: `_COMMIT`'s second transaction does, with the head released.
         await conn.execute(_BEGIN)
         try:
             return await PostgresAppender._insert_events(
@@ -331,9 +332,8 @@ class PostgresAppender:
             batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
         )
         if commit and len(rows) <= _WRITTEN_OUT_MAX:
-            # one message: the server commits without waiting for this thread's next turn inside the lock. A
-            # batch of stored events only is flushed too: another appender may have stored them, unflushed.
-            await conn.execute(f"{_insert_and_commit(rows, recorded_at, last) if rows else 'COMMIT'}; {_FLUSH}")
+            # one message: the server commits without waiting for this thread's next turn inside the lock
+            await conn.execute(f"{_written_out(rows, recorded_at, last)}; {_COMMIT}" if rows else _COMMIT)
             return len(rows), len(batch) - len(rows), last
         if rows:
             position, event_id, type_, stream, occurred_at, _, payload, hashes = zip(*rows, strict=True)
@@ -351,7 +351,7 @@ class PostgresAppender:
                 hashes[-1],
             )
         if commit:
-            await conn.execute(f"COMMIT; {_FLUSH}")
+            await conn.execute(_COMMIT)
         return len(rows), len(batch) - len(rows), last
 
 
@@ -395,9 +395,9 @@ async def _run_all(queue: asyncio.Queue[_Step | None]) -> None:
                 caller.call_soon_threadsafe(settle, done, result, error)
 
 
-def _insert_and_commit(rows: Sequence[tuple[Any, ...]], recorded_at: datetime, last: int) -> str:
-    """`_INSERT_EVENTS` of `rows`, then COMMIT, as one simple query (parameters need the extended protocol: one
-    statement a message). The rows go in as one JSON document in a dollar-quoted literal, with a tag it does not
+def _written_out(rows: Sequence[tuple[Any, ...]], recorded_at: datetime, last: int) -> str:
+    """`_INSERT_EVENTS` of `rows` with the values written out, for a simple query that carries the COMMIT too
+    (parameters need the extended protocol: one statement a message). The rows go in as one JSON document in a dollar-quoted literal, with a tag it does not
     contain (no server setting changes what such a literal means), read back exactly by `->>`."""
     document = _json.encode([(p, i, t, s, o, pl, h) for p, i, t, s, o, _, pl, h in rows]).decode()
     tag = "q" + secrets.token_hex(8)  # a tag is an identifier: a letter first
@@ -408,7 +408,7 @@ def _insert_and_commit(rows: Sequence[tuple[Any, ...]], recorded_at: datetime, l
         "INSERT INTO ledger_events (position, event_id, type, stream, occurred_at, recorded_at, payload, hash) "
         "SELECT (r->>0)::bigint, (r->>1)::uuid, r->>2, r->>3, (r->>4)::timestamptz, "
         f"'{recorded_at.isoformat()}'::timestamptz, r->>5, r->>6 "
-        f"FROM jsonb_array_elements(${tag}${document}${tag}$::jsonb) AS r; COMMIT"
+        f"FROM jsonb_array_elements(${tag}${document}${tag}$::jsonb) AS r"
     )
 
 
