@@ -21,9 +21,9 @@ encoded by a child). Prints the digest (equal events give an equal digest, howev
 built), each stage's wall and CPU seconds (folding, digest and promotion, removal of the old version)
 and a Markdown row for docs/BENCHMARKS.md.
 
-On PostgreSQL the calls read model is vacuumed first (`VACUUM (ANALYZE)`, not timed): the state
-autovacuum keeps it in, where a server without it would be timed on the dead rows of every earlier
-rebuild of a `--keep` database.
+On PostgreSQL the calls read model is vacuumed first (not timed): the state autovacuum keeps it in,
+where a server without it would be timed on the dead rows of every earlier rebuild of a `--keep`
+database.
 
 `--phases`, instead of the rebuild: the fold path's parts one after another in this process, over the
 rebuild's own pages (50,000 events) into a scratch version removed afterwards, each timed alone: reading
@@ -221,16 +221,15 @@ async def main() -> None:
 
 
 async def _vacuumed(database: Database) -> None:
-    """VACUUM (ANALYZE) the calls read model before it is timed (PostgreSQL): the state autovacuum, on by
-    default, keeps it in. Each rebuild deletes the version it replaces; on a server with autovacuum off those
-    rows stay dead, and a database rebuilt again and again (`--keep`) measures its bloat: 17 rebuilds of 1M
-    calls left 17M dead rows in a 5.6 GB table, and the digest took 8.2-9.4 s instead of 4.6-5.1."""
+    """VACUUM the calls read model before it is timed (PostgreSQL): the state autovacuum, on by default, keeps
+    it in. Each rebuild deletes the version it replaces; on a server with autovacuum off those rows stay dead,
+    and a database rebuilt again and again (`--keep`) would be timed on all of them."""
     t = time.perf_counter()
     async with database.engine.connect() as conn:
         driver = (await conn.get_raw_connection()).driver_connection
         assert driver is not None
         dead = await driver.fetchval("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'projection_calls'")
-        await driver.execute("VACUUM (ANALYZE) projection_calls")  # asyncpg runs it outside a transaction
+        await driver.execute("VACUUM projection_calls")  # asyncpg runs it outside a transaction
     print(f"vacuumed projection_calls ({dead or 0:,} dead rows) in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
 

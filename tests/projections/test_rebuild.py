@@ -8,8 +8,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
+from tests.ledger.helpers import migrated
 from tests.projections.helpers import append, append_plain_calls, at, failed, finished, started
 from usage_ledger.answers.reports import recompute_report, runs_report
 from usage_ledger.ledger.db import Database, open_database
@@ -59,6 +60,19 @@ async def test_rebuild_promotes_and_records(database: Database) -> None:
     assert status["calls"].live and status["calls"].version == 2 and status["calls"].digest == promoted.digest
     again = await rebuild_projection(database, "calls")
     assert again.digest == promoted.digest and again.version == 3
+
+
+async def test_a_postgresql_rebuild_gives_the_planner_statistics_of_its_rows(fresh_pg_url: str) -> None:
+    """The digest reads the new version a page at a time by call id; planned without statistics (a server without
+    autovacuum), each page was a scan and sort of the rest of the version. (SQLite plans it on the primary key.)"""
+    async with migrated(fresh_pg_url) as database:
+        await append(database, started("a", 0, run="r"), finished("a", 0, 10, completion=100))
+        await rebuild_projection(database, "calls")
+        async with database.engine.connect() as conn:
+            analyzed = await conn.scalar(
+                text("SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'projection_calls'")
+            )
+    assert analyzed is not None
 
 
 async def test_formula_promotion_and_recompute(database: Database) -> None:

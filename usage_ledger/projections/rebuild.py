@@ -106,6 +106,11 @@ async def rebuild_projection(
     else:
         say(f"folding events into version {new_version}")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
+    if database.backend == "postgresql":
+        # statistics for the rows just written: without them (autovacuum off, or not yet round) PostgreSQL
+        # planned each of the digest's pages by call id as a scan and sort of the rest of the version
+        async with database.engine.begin() as conn:
+            await conn.exec_driver_sql(f"ANALYZE {projection.table.table.name}")
     say(f"digest and promotion of version {new_version}")
     promoted = await promote_version(database, name, new_version, formula or current_formula)
     if not keep_old:
