@@ -12,7 +12,8 @@ relaying streamed calls on SQLite, 2026-12-05, put in the order the code calls t
     proxy         the passthrough's handler: one `Call` per request
     call          one call: request → upstream → relay → record
       headers       `X-Ledger-*` read and stripped, hop-by-hop dropped; secrets (their values never recorded)
-      inspect       what the request is: a call or not, its model and sampling, its stream options
+      paths         whether the request is a call, by the path the upstream routes (ambiguous spellings: 400)
+      inspect       what a call's body says: its model and sampling, its stream options
       relay         how body bytes go to the client: as they come (from the upstream connection's
                     callback straight to the client's transport), the end held back for the record
       sse, usage    the SSE scanner; the tokens and usage per inference API

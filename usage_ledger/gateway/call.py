@@ -1,6 +1,6 @@
 """One proxied request, from its body to its final event: forwarded, observed, recorded.
 
-A request to an inference API (`gateway.inspect.is_inference`) is a call: `call.started` before
+A request to an inference API (`gateway.paths.call_path`) is a call: `call.started` before
 any response byte, `call.finished` / `call.failed` before the last bytes (strict durability).
 Any other request (`GET /v1/models`, `/health`, `/metrics`, …) takes the same path and is not
 recorded: it is no call in a run or a day. The events, log line and metrics are `gateway.call_record`'s;
@@ -21,15 +21,10 @@ from usage_ledger.gateway.call_record import CallRecord, Proxy
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers
-from usage_ledger.gateway.inspect import (
-    USAGE_REQUEST_PATHS,
-    RequestInfo,
-    inspect_request,
-    is_inference,
-    with_usage_requested,
-)
+from usage_ledger.gateway.inspect import RequestInfo, inspect_request, with_usage_requested
 from usage_ledger.gateway.kept import KeptBody, usage_from_tail
 from usage_ledger.gateway.observed import Observed
+from usage_ledger.gateway.paths import USAGE_REQUEST_PATHS
 from usage_ledger.gateway.recorder import NotRecorded, new_call_id
 from usage_ledger.gateway.relay import RelayPlan, plan_relay
 from usage_ledger.ledger import Durable
@@ -57,6 +52,7 @@ class Call(CallRecord):
         proxy: Proxy,
         method: str,
         path: str,
+        routed: str | None,
         query: str,
         headers: list[Header],
         body: bytes,
@@ -69,7 +65,8 @@ class Call(CallRecord):
         self.method = method
         self.path = path
         self.query = query
-        self.recorded = is_inference(method, path)
+        self.recorded = routed is not None
+        """A call (`gateway.paths.call_path`: `routed` is the path the upstream routes it on), else passed unrecorded."""
         self.call_id = new_call_id()
         self.id_header = (CALL_ID_HEADER, self.call_id.encode())
         self.target = self.path + ("?" + self.query if self.query else "")
@@ -82,7 +79,7 @@ class Call(CallRecord):
         self.upstream_body = body
         self.injected = False
         wants_injection = self.info.stream and not self.info.wants_usage and proxy.upstream_forces_usage is not True
-        if wants_injection and self.path.endswith(USAGE_REQUEST_PATHS):
+        if wants_injection and routed is not None and routed.endswith(USAGE_REQUEST_PATHS):
             rewritten = with_usage_requested(body)
             if rewritten is not None:
                 self.upstream_body = rewritten

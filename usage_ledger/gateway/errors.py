@@ -2,6 +2,7 @@
 
     GatewayError                 base; `status`, `kind` (OpenAI `type`), `code`, `param`
     ├── InvalidLedgerHeader      400  an X-Ledger-* header is malformed (names the header)
+    ├── NonCanonicalPath         400  a POST path that may reach an inference API, spelled ambiguously
     ├── BodyTooLarge             413  the request body exceeds `max_body_bytes`
     ├── RequestTimeout           408  the request head or body did not arrive in time (`gateway.limits`)
     ├── GatewayBusy              503  at the connection cap, or the request-body budget is full
@@ -24,6 +25,7 @@ __all__ = (
     "GatewayError",
     "InvalidLedgerHeader",
     "LedgerUnavailable",
+    "NonCanonicalPath",
     "RequestTimeout",
     "UpstreamError",
     "UpstreamReset",
@@ -51,6 +53,12 @@ class InvalidLedgerHeader(GatewayError):
     status = 400
     kind = "invalid_request_error"
     code = "invalid_ledger_header"
+
+
+class NonCanonicalPath(GatewayError):
+    status = 400
+    kind = "invalid_request_error"
+    code = "non_canonical_path"
 
 
 class BodyTooLarge(GatewayError):

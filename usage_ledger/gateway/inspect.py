@@ -1,8 +1,8 @@
-"""What the gateway reads from a request: whether it is a call, its model and sampling, its stream options.
+"""What the gateway reads from a call's request body: its model and sampling, its stream options.
 
 Decoding is lenient (a body the gateway does not understand is still forwarded, just described
-less); the only rewrite is `with_usage_requested`, for streams that did not ask for usage. What
-responses say is read in `gateway.usage`.
+less); the only rewrite is `with_usage_requested`, for streams that did not ask for usage. Whether a
+request is a call is `gateway.paths`'; what responses say is read in `gateway.usage`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ import msgspec
 from usage_ledger.ledger import Sampling
 
 __all__ = (
-    "INFERENCE_PATHS",
-    "USAGE_REQUEST_PATHS",
     "RequestInfo",
     "fingerprint_restorer",
     "inspect_request",
-    "is_inference",
     "with_usage_requested",
 )
 
@@ -52,27 +49,6 @@ class _Request(msgspec.Struct):
 _request_decoder = msgspec.json.Decoder(_Request)
 _any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
-
-INFERENCE_PATHS = (
-    "/chat/completions",
-    "/completions",
-    "/responses",
-    "/embeddings",
-    "/score",
-    "/rerank",
-    "/pooling",
-    "/classify",
-    "/audio/transcriptions",
-    "/audio/translations",
-)
-"""Path endings of the inference APIs (vLLM's OpenAI-compatible server): a POST to one is a call."""
-USAGE_REQUEST_PATHS = ("/chat/completions", "/completions")
-"""The APIs whose streams carry usage only when asked (`stream_options.include_usage`)."""
-
-
-def is_inference(method: str, path: str) -> bool:
-    """Whether a request is a call to record; every other request is proxied and not recorded."""
-    return method == "POST" and path.endswith(INFERENCE_PATHS)
 
 
 class RequestInfo(msgspec.Struct, frozen=True):

@@ -24,6 +24,7 @@ from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import parse_ledger_headers
 from usage_ledger.gateway.limits import ByteBudget
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.paths import call_path
 from usage_ledger.gateway.recorder import Recorder
 from usage_ledger.gateway.settings import GatewaySettings
 
@@ -58,14 +59,15 @@ class Proxy:
 
     async def handle(self, request: Request, exchange: Exchange) -> None:
         """Serve one request from the server (its body is complete and within the limits)."""
+        path = request.raw_path.decode("latin-1")
         try:
             ledger_tags, headers = parse_ledger_headers(request.headers)
+            routed = call_path(request.method, path)  # refuses an ambiguous spelling of a call's path
         except GatewayError as exc:
             exchange.respond_json(exc.status, exc.body())
             return
-        path = request.raw_path.decode("latin-1")
         query = request.query.decode("latin-1")
-        call = Call(self, request.method, path, query, headers, request.body, request.received, ledger_tags)
+        call = Call(self, request.method, path, routed, query, headers, request.body, request.received, ledger_tags)
         exchange.on_disconnect = call.disconnected
         self.metrics.in_flight += 1
         try:
