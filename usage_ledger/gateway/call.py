@@ -19,7 +19,7 @@ import structlog
 from usage_ledger.gateway._http import AbortSignal, Exchange, UpstreamResponse
 from usage_ledger.gateway.call_record import CallRecord, Proxy
 from usage_ledger.gateway.encoding import UnreadableBody
-from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError
+from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError, UpstreamInvalid
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers
 from usage_ledger.gateway.inspect import RequestInfo, inspect_request, with_usage_requested
 from usage_ledger.gateway.kept import KeptBody, usage_from_tail
@@ -164,6 +164,8 @@ class Call(CallRecord):
             except NotRecorded:
                 durable = False
         self.done = True
+        if isinstance(exc, UpstreamInvalid):
+            client.keep_alive = False  # what followed a response that cannot be relayed is never read as one
         if not durable:
             # Strict, and the call is durable nowhere: its own error answer, whole and naming a call id,
             # would be a response the ledger does not hold. Refused like an unrecorded start instead.
@@ -182,7 +184,10 @@ class Call(CallRecord):
         relay = plan.relay
         self.seen.relay = plan.sse
         self.upstream_request_id = plan.request_id
-        out_headers = [*plan.headers, *self._extra_headers()]
+        out_headers = plan.headers
+        if self.recorded:  # the call id is the gateway's: an upstream's own one never reaches the client
+            out_headers = [header for header in out_headers if header[0] != CALL_ID_HEADER]
+            out_headers.append(self.id_header)
         self.started()
         if self.started_durable is not None:
             try:

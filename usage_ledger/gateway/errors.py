@@ -11,6 +11,8 @@
         ├── UpstreamUnreachable  502  connection refused / DNS / connect failure
         ├── UpstreamTimeout      504  no answer (connect, headers or body) within the timeout
         └── UpstreamReset        502  the upstream closed the connection mid-response
+            └── UpstreamInvalid  502  its response cannot be relayed (malformed; a status outside 100-599, or
+                                      101 when no upgrade was asked): the client's connection closes after the 502
 
 Upstream *responses* (any status) are never GatewayErrors: they pass through byte for byte.
 """
@@ -28,6 +30,7 @@ __all__ = (
     "NonCanonicalPath",
     "RequestTimeout",
     "UpstreamError",
+    "UpstreamInvalid",
     "UpstreamReset",
     "UpstreamTimeout",
     "UpstreamUnreachable",
@@ -105,6 +108,10 @@ class UpstreamTimeout(UpstreamError):
 class UpstreamReset(UpstreamError):
     code = "upstream_reset"
     reason = "upstream_reset"
+
+
+class UpstreamInvalid(UpstreamReset):
+    """Same code and reason as a reset (the upstream broke the exchange); also ends the client's connection."""
 
 
 class _Info(msgspec.Struct):

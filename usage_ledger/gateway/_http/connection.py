@@ -79,7 +79,7 @@ class HttpConnection(GuardedConnection):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._malformed("protocol upgrades (e.g. WebSocket) are not supported by the gateway")
+            self._malformed("protocol upgrades (e.g. WebSocket) and CONNECT are not supported by the gateway")
             return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
@@ -153,7 +153,8 @@ class HttpConnection(GuardedConnection):
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.parsing is not None
         self._count_head(len(name) + len(value))
-        self.parsing.headers.append((name.lower(), value))
+        if self.phase == HEAD:  # after the head: a chunked body's trailer fields, dropped (never headers: #52)
+            self.parsing.headers.append((name.lower(), value))
 
     def _count_head(self, size: int) -> None:
         self.head_bytes += size
@@ -172,6 +173,8 @@ class HttpConnection(GuardedConnection):
         request.http_version = parser.get_http_version()
         self.http11 = request.http_version == "1.1"
         request.keep_alive = parser.should_keep_alive()
+        if parser.should_upgrade():
+            return  # Upgrade or CONNECT: never handled; the parser stops here and `data_received` answers 400
         url = self.url
         if url.startswith(b"/") or url == b"*":
             qmark = url.find(b"?")

@@ -17,7 +17,7 @@ from typing import Protocol, cast
 
 import httptools
 
-from usage_ledger.gateway.errors import UpstreamError, UpstreamReset, UpstreamTimeout
+from usage_ledger.gateway.errors import UpstreamError, UpstreamInvalid, UpstreamReset, UpstreamTimeout
 from usage_ledger.gateway.headers import Header
 
 __all__ = ("HIGH_WATER", "UpstreamConnection")
@@ -85,7 +85,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if not self.complete:
-                self._fail(UpstreamReset(f"the upstream sent an invalid HTTP response: {exc}"))
+                self._fail(UpstreamInvalid(f"the upstream sent an invalid HTTP response: {exc}"))
             self.close()
             self._wake()
             return
@@ -126,15 +126,19 @@ class UpstreamConnection(asyncio.Protocol):
             self.overflow = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if not self.complete:
+        # after the head: a chunked body's trailer fields, dropped (never headers: #52)
+        if not self.headers_done and self.error is None:
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        if self.complete:
-            return
+        if self.complete or self.error is not None:
+            return  # bytes after our response, or after one refused: never a response to relay
         status = self.parser.get_status_code()
         if 100 <= status < 200 and status != 101:
             self.headers = []  # an interim response (100 Continue, 103 Early Hints): wait for the real one
+            return
+        if status < 100 or status > 599 or status == 101:  # no valid answer to a request that asked no upgrade
+            self._fail(UpstreamInvalid(f"the upstream answered with status {status:03d}, which cannot be relayed"))
             return
         self.status = status
         self.headers_done = True
