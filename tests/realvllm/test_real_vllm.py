@@ -46,6 +46,7 @@ from tests.realvllm.servers import (
     missing_vllm_message,
     vllm_required,
 )
+from tests.realvllm.spellings import send_spellings
 from usage_ledger.ledger.events import CallFinished
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(900)]
@@ -319,6 +320,23 @@ class TestDefaults(GenerateTier):
             batch = run_batch(pg, "defaults-postgresql", cases)
             assert_reconciles(batch)
             assert_usage_as_sent(batch)
+
+    def test_every_spelling_vllm_answers_is_recorded_or_refused(self, stack: Stack) -> None:
+        """Issue #52: `/v1/chat/%63ompletions`, `…completion%73` and `…completions#frag` were answered by vLLM
+        (uvicorn decodes the path, httptools cuts the fragment) and relayed with no call in the ledger."""
+        run = f"{self.config}-spellings"
+        outcomes = send_spellings(stack, run)
+        calls = {c.started.call_id: c for c in harness.ledger_calls(stack.db_url, run)}
+        for o in outcomes:
+            if o.refused:
+                assert o.call_id is None and o.vllm == Tally(0, 0, 0), o
+                continue
+            if o.direct_inference or o.vllm.calls:
+                assert o.status == 200 and o.call_id in calls, o  # recorded, with what vLLM counted for it
+                assert harness.ledger_tally([calls[o.call_id]]) == o.vllm, (o, calls[o.call_id])
+        answered = {o.target for o in outcomes if o.direct_inference}
+        assert {b"/v1/chat/%63ompletions", b"/v1/chat/completion%73", b"/v1/chat/completions#frag"} <= answered
+        assert len(calls) == sum(o.call_id is not None for o in outcomes)
 
 
 class TestForceUsageMetrics(MetricsTier, GenerateTier):
