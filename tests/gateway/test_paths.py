@@ -77,6 +77,11 @@ def uvicorn_path(raw_path: str) -> str:
         ("/v1/Chat/Completions", REFUSED),  # another case: case-insensitive routers
         ("/v1/chat/%43ompletions", REFUSED),
         ("/v1/models#/chat/completions", REFUSED),
+        ("/v1/messages", "/v1/messages"),  # vLLM's other generating routes
+        ("/invocations", "/invocations"),
+        ("/v1/chat/completions/batch", "/v1/chat/completions/batch"),
+        ("/invocations/", REFUSED),
+        ("/v1/messages/count_tokens", None),
         ("/v1/models", None),
         ("/v1/models/", None),  # no reading is an inference path: passed on unchanged
         ("/v1/models/org%2Fname", None),

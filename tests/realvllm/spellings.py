@@ -15,7 +15,7 @@ from tests.realvllm import harness
 from tests.realvllm.checks import Stack
 from tests.realvllm.harness import Tally
 
-__all__ = ("Outcome", "send_spellings")
+__all__ = ("Outcome", "send_other_apis", "send_spellings")
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,28 @@ def send_spellings(stack: Stack, run: str) -> list[Outcome]:
     case = stack.case("chat").body
     assert isinstance(case, dict)
     body = json.dumps({**case, "max_tokens": 4}).encode()
+    return _send(stack, run, [(target, body) for target in SPELLINGS])
+
+
+def send_other_apis(stack: Stack, run: str) -> list[Outcome]:
+    """vLLM's inference routes beyond the OpenAI ones: Anthropic messages, SageMaker invocations, batched chat."""
+    case = stack.case("chat").body
+    assert isinstance(case, dict)
+    chat = {**case, "max_tokens": 4}
+    requests = [
+        (b"/v1/messages", {"model": chat["model"], "max_tokens": 4, "messages": chat["messages"]}),
+        (b"/invocations", chat),
+        (b"/v1/chat/completions/batch", {**chat, "messages": [chat["messages"], chat["messages"]]}),
+    ]
+    return _send(stack, run, [(target, json.dumps(body).encode()) for target, body in requests])
+
+
+def _send(stack: Stack, run: str, requests: list[tuple[bytes, bytes]]) -> list[Outcome]:
     outcomes = []
-    for index, target in enumerate(SPELLINGS):
+    for index, (target, body) in enumerate(requests):
         direct_status, _, direct_body = post_raw(stack.vllm.url, target, body, {})
         before = harness.scrape_counters(stack.vllm.url)
-        tags = {"X-Ledger-Run": run, "X-Ledger-Tag-Case": f"spelling-{index}"}
+        tags = {"X-Ledger-Run": run, "X-Ledger-Tag-Case": f"request-{index}"}
         status, headers, answer = post_raw(stack.gateway_url, target, body, tags)
         moved = harness.scrape_counters(stack.vllm.url) - before
         refused = status == 400 and json.loads(answer)["error"]["code"] == "non_canonical_path"

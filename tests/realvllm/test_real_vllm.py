@@ -46,7 +46,7 @@ from tests.realvllm.servers import (
     missing_vllm_message,
     vllm_required,
 )
-from tests.realvllm.spellings import send_spellings
+from tests.realvllm.spellings import send_other_apis, send_spellings
 from usage_ledger.ledger.events import CallFinished
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(900)]
@@ -337,6 +337,20 @@ class TestDefaults(GenerateTier):
         answered = {o.target for o in outcomes if o.direct_inference}
         assert {b"/v1/chat/%63ompletions", b"/v1/chat/completion%73", b"/v1/chat/completions#frag"} <= answered
         assert len(calls) == sum(o.call_id is not None for o in outcomes)
+
+    def test_other_inference_apis_are_recorded(self, stack: Stack) -> None:
+        """`/v1/messages`, `/invocations` and `/v1/chat/completions/batch` generate too; they were relayed unrecorded."""
+        run = f"{self.config}-other-apis"
+        outcomes = send_other_apis(stack, run)
+        calls = {c.started.call_id: c for c in harness.ledger_calls(stack.db_url, run)}
+        for o in outcomes:
+            assert o.direct_inference and o.vllm.calls > 0, o
+            assert o.status == 200 and o.call_id in calls, o
+            recorded = harness.ledger_tally([calls[o.call_id]])
+            assert (recorded.prompt_tokens, recorded.completion_tokens) == (
+                o.vllm.prompt_tokens,
+                o.vllm.completion_tokens,
+            ), (o, calls[o.call_id])
 
 
 class TestForceUsageMetrics(MetricsTier, GenerateTier):

@@ -37,8 +37,16 @@ INFERENCE_PATHS = (
     "/classify",
     "/audio/transcriptions",
     "/audio/translations",
+    # vLLM 0.32's other generating or pooling routes (`vllm/entrypoints/*/api_router.py`)
+    "/chat/completions/batch",
+    "/v1/messages",  # Anthropic Messages API
+    "/invocations",  # SageMaker: a chat, completion or pooling request, by its body
+    "/generative_scoring",
+    "/inference/v1/generate",
+    "/cohere/v2/chat",
+    "/v2/embed",
 )
-"""Path endings of the inference APIs (vLLM's OpenAI-compatible server): a POST to one is a call."""
+"""Path endings of the inference APIs (vLLM's OpenAI-compatible server and its others): a POST to one is a call."""
 USAGE_REQUEST_PATHS = ("/chat/completions", "/completions")
 """The APIs whose streams carry usage only when asked (`stream_options.include_usage`)."""
 
