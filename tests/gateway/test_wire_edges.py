@@ -28,12 +28,20 @@ from usage_ledger.ledger.writer import EventWriter
 CHAT = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
 
 
-async def exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes, bool]:
-    """Send `data`, read one response; (status, headers, body, whether the gateway closed the connection after it)."""
+async def exchange(port: int, data: bytes, *, call_ids: bool = False) -> tuple[int, dict[str, str], bytes, bool]:
+    """Send `data`, read one response; (status, headers, body, whether the gateway closed the connection after it).
+
+    `call_ids`: also `x-ledger-call-ids`, every `x-ledger-call-id` value of the head joined by ", " (the
+    headers dict keeps the last one only)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(data)
+        ids: list[str] = []
+        if call_ids:
+            reader = _Tee(reader, ids)
         status, headers, body = await asyncio.wait_for(read_response(reader), 10)
+        if call_ids:
+            headers["x-ledger-call-ids"] = ", ".join(ids)
         try:
             closed = await asyncio.wait_for(reader.read(1), 1) == b""
         except TimeoutError:
@@ -43,6 +51,28 @@ async def exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes, 
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+
+class _Tee(asyncio.StreamReader):
+    """A reader that notes each `x-ledger-call-id` line it hands over."""
+
+    def __init__(self, inner: asyncio.StreamReader, ids: list[str]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.ids = ids
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        line = await self.inner.readuntil(separator)
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.strip().lower() == "x-ledger-call-id":
+            self.ids.append(value.strip())
+        return line
+
+    async def readexactly(self, n: int) -> bytes:
+        return await self.inner.readexactly(n)
+
+    async def read(self, n: int = -1) -> bytes:
+        return await self.inner.read(n)
 
 
 async def events(database: Database) -> list[Event]:
@@ -100,7 +130,8 @@ async def _through(raw: bytes, database: Database, tmp_path: Path) -> tuple[int,
     ):
         port = int(gw.url.rsplit(":", 1)[1])
         head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: %d\r\n\r\n" % len(CHAT)
-        return await exchange(port, head + CHAT)
+        status, headers, body, closed = await exchange(port, head + CHAT, call_ids=True)
+        return status, headers, body, closed
 
 
 async def test_upstream_trailers_never_become_response_headers(database: Database, tmp_path: Path) -> None:
@@ -112,8 +143,9 @@ async def test_upstream_trailers_never_become_response_headers(database: Databas
     ) % (len(answer), answer)
     status, headers, body, _ = await _through(raw, database, tmp_path)
     assert (status, body) == (200, answer) and "x-evil" not in headers
+    assert headers["x-ledger-call-ids"] == headers["x-ledger-call-id"]  # sent once: the upstream's ones are gone
     recorded = [e for e in await events(database) if isinstance(e, CallFinished)]
-    assert [e.call_id for e in recorded] == [headers["x-ledger-call-id"]]  # one id, the gateway's
+    assert [e.call_id for e in recorded] == [headers["x-ledger-call-id"]]  # the gateway's
 
 
 FORGED = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 8\r\n\r\n{forged}"
