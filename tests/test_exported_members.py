@@ -207,6 +207,7 @@ EXPORTED = {
         "filter_clauses",
         "get_call",
         "group_of",
+        "in_zone",
         "iter_calls",
         "key_answers",
         "labels_from_ledger",

@@ -36,12 +36,12 @@ from usage_ledger.answers.filters import (
 from usage_ledger.answers.reports import (
     daily_report,
     live_versions,
-    parse_zone,
     recompute_report,
     runs_report,
     tickers_report,
     weekday_mean,
 )
+from usage_ledger.answers.zones import in_zone, parse_zone
 
 __all__ = (
     "DEFAULT_TABLE",
@@ -72,6 +72,7 @@ __all__ = (
     "filter_clauses",
     "get_call",
     "group_of",
+    "in_zone",
     "iter_calls",
     "key_answers",
     "labels_from_ledger",

@@ -35,7 +35,8 @@ from usage_ledger.answers.filters import (
     InvalidFilter,
     parse_filter,
 )
-from usage_ledger.answers.reports import daily_report, parse_zone, runs_report, tickers_report, weekday_mean
+from usage_ledger.answers.reports import daily_report, runs_report, tickers_report, weekday_mean
+from usage_ledger.answers.zones import parse_zone
 from usage_ledger.ledger import Database
 from usage_ledger.projections import (
     FORMULAS,

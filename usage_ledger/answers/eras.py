@@ -15,6 +15,7 @@ import msgspec
 
 from usage_ledger.answers.filters import NO_FILTER, CallFilter
 from usage_ledger.answers.reports import runs_report
+from usage_ledger.answers.zones import in_zone
 from usage_ledger.ledger import Database
 from usage_ledger.projections import RunRow
 
@@ -44,7 +45,7 @@ def group_of(run: RunRow, label: str) -> str | None:
 def era_of(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) -> EraRow:
     rates = [r.throughput_tps for r in runs if r.throughput_tps is not None]
     walls = [r.wall_s for r in runs if r.wall_s is not None]
-    days = {r.started_at.astimezone(zone).date() for r in runs if r.started_at is not None}
+    days = {in_zone(r.started_at, zone).date() for r in runs if r.started_at is not None}
     return EraRow(
         group=group,
         runs=len(runs),

@@ -9,20 +9,19 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import BigInteger, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.answers._aggregate import RunAcc, collect_runs, run_filter
 from usage_ledger.answers.filters import NO_FILTER, CallFilter, filter_clauses
+from usage_ledger.answers.zones import in_zone, parse_zone
 from usage_ledger.ledger import Database, ServerSampled
 from usage_ledger.projections import (
     FAILED_STATUSES,
     CallsPerTicker,
     DailyRow,
     NotFound,
-    ProjectionError,
     RecomputeRow,
     RunRow,
     TickerRow,
@@ -41,7 +40,6 @@ from usage_ledger.projections.tables import calls
 __all__ = (
     "daily_report",
     "live_versions",
-    "parse_zone",
     "recompute_report",
     "runs_report",
     "tickers_report",
@@ -51,6 +49,8 @@ __all__ = (
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # Every UTC offset in use is a multiple of 15 minutes, so a 15-minute UTC bucket lies within one local day.
 _BUCKET_S = 900
+_FIRST_S = int(datetime.min.replace(tzinfo=UTC).timestamp())
+_LAST_S = int(datetime.max.replace(tzinfo=UTC).timestamp())
 
 
 async def live_versions(database: Database, *, refresh: bool = True) -> tuple[int, int, str]:
@@ -185,16 +185,12 @@ async def recompute_report(
     return out
 
 
-def parse_zone(tz: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ProjectionError(f"unknown time zone {tz!r}: use an IANA name such as UTC or Asia/Seoul") from exc
-
-
 def _bucket(conn: AsyncConnection) -> object:
     if conn.dialect.name == "postgresql":
-        return cast(func.floor(func.extract("epoch", calls.c.started_at) / _BUCKET_S), BigInteger)
+        # asyncpg stores the calendar's first instant (0001-01-01T00:00Z, `datetime.min`) as -infinity, whose
+        # epoch no integer holds: clamped to the instant it stands for (and +infinity to the last)
+        epoch = func.greatest(func.least(func.extract("epoch", calls.c.started_at), _LAST_S), _FIRST_S)
+        return cast(func.floor(epoch / _BUCKET_S), BigInteger)
     return cast(func.strftime("%s", calls.c.started_at), BigInteger) / _BUCKET_S
 
 
@@ -234,7 +230,7 @@ async def daily_report(
         )
         days: dict[date, list[int]] = {}
         for b, n, failed, tin, tout in await conn.execute(query):
-            day = datetime.fromtimestamp(int(b) * _BUCKET_S, zone).date()
+            day = in_zone(datetime.fromtimestamp(int(b) * _BUCKET_S, UTC), zone).date()
             acc = days.setdefault(day, [0, 0, 0, 0])
             acc[0] += int(n)
             acc[1] += int(failed)

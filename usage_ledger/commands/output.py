@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from usage_ledger.answers import in_zone
 from usage_ledger.projections import ProjectionError
 
 __all__ = (
@@ -169,8 +170,8 @@ def _cell(value: Any, zone: ZoneInfo | None) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        local = value.astimezone(zone) if zone else value
-        return local.strftime("%Y-%m-%d %H:%M:%S %Z")
+        local = in_zone(value, zone) if zone else value
+        return f"{local.replace(tzinfo=None).isoformat(' ', 'seconds')} {local.strftime('%Z')}"  # 0001, not 1
     if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
         return value[:12] + "…"
     if isinstance(value, float):

@@ -32,9 +32,11 @@ from usage_ledger.ui.views import (
     runs_view,
 )
 
-__all__ = ("api_router", "call_query")
+__all__ = ("MAX_OFFSET", "api_router", "call_query")
 
 MAX_LIMIT = 1000
+MAX_OFFSET = 10**12
+"""Calls to skip at most, on the JSON endpoint and the calls page: past any ledger, and within a 64-bit integer."""
 
 Text = Annotated[str | None, QueryParameter(description="exact value; empty = any")]
 # The dashboard's forms send every field, so here an empty formula or zone means the default (the
@@ -118,7 +120,7 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
         model: Text = None,
         ticker: Text = None,
         status: Statuses = None,
-        offset: Annotated[int, QueryParameter(ge=0, le=10**12)] = 0,
+        offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET)] = 0,
         limit: Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT)] = 100,
     ) -> CallsList:
         wanted = call_query(reader, since=since, until=until, run=run, model=model, ticker=ticker, status=status)

@@ -4,16 +4,16 @@ JSON endpoints (ui.api). A page the token does not open redirects to the token f
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import available_timezones
 
 from litestar import Request, Response, Router, get
-from litestar.params import FromQuery
+from litestar.params import FromQuery, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
 from usage_ledger.answers import runs_report
 from usage_ledger.projections import NotFound, ProjectionError, projection_text_or_none
-from usage_ledger.ui.api import call_query
+from usage_ledger.ui.api import MAX_OFFSET, call_query
 from usage_ledger.ui.auth import LoginRequired, UiAuth
 from usage_ledger.ui.decide import decide_handlers
 from usage_ledger.ui.queries import call_detail, call_facets, list_calls
@@ -68,7 +68,7 @@ def pages_router(reader: Reader, auth: UiAuth, renderer: Renderer) -> Router:
         model: FromQuery[str] = "",
         ticker: FromQuery[str] = "",
         status: FromQuery[str] = "",
-        offset: FromQuery[int] = 0,
+        offset: Annotated[int, QueryParameter(le=MAX_OFFSET)] = 0,  # past it: 400, not an overflow in SQL
     ) -> Response[str]:
         wanted = call_query(reader, since=since, until=until, run=run, model=model, ticker=ticker, status=status)
         database = await reader.ready()

@@ -16,6 +16,8 @@ from litestar import Response
 from litestar.enums import MediaType
 from litestar.plugins.jinja import JinjaTemplateEngine
 
+from usage_ledger.answers import in_zone
+
 __all__ = ("STATIC_DIR", "UPLOT_VERSION", "Renderer")
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +35,9 @@ def _number(value: Any, digits: int = 0) -> str:
 
 
 def _moment(value: datetime | None, zone: ZoneInfo) -> str:
-    return "–" if value is None else value.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S")
+    return (
+        "–" if value is None else in_zone(value, zone).replace(tzinfo=None).isoformat(" ", "seconds")
+    )  # strftime drops the zeros of year 1
 
 
 class Renderer:
