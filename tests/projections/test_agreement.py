@@ -38,7 +38,7 @@ from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, blob_hash, redact_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import CallImported, new_event
-from usage_ledger.projections.errors import NotFound
+from usage_ledger.projections.errors import NotFound, ProjectionError
 
 EMULATOR_SPEED = 50  # the shared `emulator` fixture (tests/conftest.py)
 
@@ -375,3 +375,22 @@ async def _response_blob(url: str, call_id: str) -> str:
         await database.dispose()
     assert blob is not None
     return blob
+
+
+@pytest.mark.parametrize("pattern", ["(" * 5_000 + "a" + ")" * 5_000, "(a)" + "(?:" * 5_000 + "b" + ")" * 5_000])
+def test_an_extract_nested_past_the_engines_depth_is_a_clear_error(
+    pattern: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ProjectionError, match="nests its groups too deeply") as info:
+        regex_extractor(pattern)
+    assert len(str(info.value)) < 300  # the pattern is shown cut short, not 10,000 characters
+    db = f"sqlite:///{tmp_path / 'ledger.db'}"
+    assert main(["db", "upgrade", "--db", db]) == 0
+    capsys.readouterr()
+    for argv in (
+        ["agreement", "a", "b", "--extract", pattern],
+        ["labels", "import", "--run", "a", "--extract", pattern],
+    ):
+        assert main([*argv, "--db", db]) == 2
+        err = capsys.readouterr().err
+        assert "nests its groups too deeply" in err and "Traceback" not in err and "RecursionError" not in err

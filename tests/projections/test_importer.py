@@ -325,3 +325,18 @@ def _one(tmp_path: Path, line: bytes) -> Path:
     path = tmp_path / "one.jsonl"
     path.write_bytes(line)
     return path
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+async def test_a_deeply_nested_line_is_a_bad_row_not_a_traceback(
+    database: Database, tmp_path: Path, depth: int
+) -> None:
+    """msgspec raises RecursionError past ~1,000 levels: one such line is `file:line` like any bad row."""
+    path = tmp_path / "deep.jsonl"
+    nested = b'{"run": "r", "tags": {"a": ' + b"[" * depth + b"]" * depth + b"}}\n"
+    path.write_bytes(_row(0) + nested + _row(1))
+    with pytest.raises(ImportFailed) as info:
+        await import_file(database, path)
+    assert info.value.errors == [f"{path}:2: invalid JSON: nested too deeply"]
+    result = await import_file(database, path, skip_invalid=True)
+    assert (result.rows, result.appended, result.invalid) == (3, 2, 1)

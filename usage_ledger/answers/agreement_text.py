@@ -172,13 +172,18 @@ def regex_extractor(pattern: str, timeout_s: float = EXTRACT_TIMEOUT_S) -> Label
     The pattern runs on the `regex` engine (Python's `re` syntax) because it can stop a search: one answer
     may take `timeout_s` at most, then the extractor raises `TimeoutError` (an answer of 41 characters kept
     `re` busy past 30 s with `(a+)+$`)."""
+    shown = pattern if len(pattern) <= 80 else pattern[:80] + "…"
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
-        raise ProjectionError(f"--extract {pattern!r} is not a valid regular expression: {exc}") from exc
+        raise ProjectionError(f"--extract {shown!r} is not a valid regular expression: {exc}") from exc
+    except RecursionError:  # the engine's parser recurses per nested group
+        raise ProjectionError(
+            f"--extract {shown!r} nests its groups too deeply to compile: a label needs a few levels at most"
+        ) from None
     if compiled.groups != 1:
         raise ProjectionError(
-            f"--extract {pattern!r} has {compiled.groups} groups: it needs exactly one, around the label "
+            f"--extract {shown!r} has {compiled.groups} groups: it needs exactly one, around the label "
             "(make the others non-capturing with (?:...))"
         )
 

@@ -53,6 +53,9 @@ def jsonl_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, 
         except msgspec.DecodeError as exc:
             yield number, consumed, f"invalid JSON: {exc}"
             continue
+        except RecursionError:  # msgspec's, not ours: a call's fields are never nested this deep
+            yield number, consumed, "invalid JSON: nested too deeply"
+            continue
         yield number, consumed, value if isinstance(value, dict) else "expected a JSON object"
 
 
