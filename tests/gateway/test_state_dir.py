@@ -4,6 +4,7 @@ busy, and what an older gateway left in the working directory taken in, never or
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
@@ -112,7 +113,9 @@ def test_the_state_sits_beside_a_sqlite_ledger_and_the_start_line_says_where(tmp
         assert (tmp_path / where / "spool" / "events.spool").exists() and _files(cwd) == set()
 
 
-async def test_an_older_gateways_key_and_unreplayed_spool_are_taken_in(tmp_path: Path) -> None:
+async def test_an_older_gateways_key_and_unreplayed_spool_are_taken_in_and_unkeyed_records_kept_aside(
+    tmp_path: Path,
+) -> None:
     cwd, data = tmp_path / "cwd", tmp_path / "data"
     cwd.mkdir()
     data.mkdir()
@@ -131,8 +134,23 @@ async def test_an_older_gateways_key_and_unreplayed_spool_are_taken_in(tmp_path:
     state = data / "ledger-state"
     assert (state / "ledger-fingerprint.key").read_text() == key
     assert _files(cwd) == set(), _files(cwd)
-    assert '"fingerprint_key_moved"' in out and '"spool_moved"' in out and '"spool_unkeyed_records_replayed"' in out
-    assert await _streams(db_url) == {e.stream for e in call_events(1)}  # replayed from where it was taken
+    assert '"fingerprint_key_moved"' in out and '"spool_moved"' in out
+    # unkeyed, as anyone could forge it without the key: quarantined on start, never replayed by the gateway
+    quarantined = next(msgspec.json.decode(line) for line in out.splitlines() if '"spool_region_quarantined"' in line)
+    assert "--accept-unkeyed" in quarantined["reason"] and await _streams(db_url) == set()
+    (side,) = [p for p in (state / "spool").iterdir() if p.name.startswith("events.spool.quarantine-")]
+    # the operator's way: the side file replayed by name (docs/operations.md)
+    (tmp_path / "unkeyed" / "spool").mkdir(parents=True)
+    side.rename(tmp_path / "unkeyed" / "spool" / "events.spool")
+    replay = [LEDGER, "spool", "replay", "--db", db_url, "--spool-dir", str(tmp_path / "unkeyed" / "spool")]
+    refused = await asyncio.to_thread(subprocess.run, replay, capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "--accept-unkeyed" in refused.stderr and "Traceback" not in refused.stderr
+    accepted = await asyncio.to_thread(
+        subprocess.run, [*replay, "--accept-unkeyed"], capture_output=True, text=True, check=False
+    )
+    assert accepted.returncode == 0 and "2 events appended" in accepted.stdout, accepted.stderr
+    assert "spool_unkeyed_records_replayed" in accepted.stdout
+    assert await _streams(db_url) == {e.stream for e in call_events(1)}
 
 
 async def _streams(db_url: str) -> set[str]:

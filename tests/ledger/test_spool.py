@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from tests.ledger.helpers import call_events
 from usage_ledger.ledger.append import append_events
@@ -17,7 +18,7 @@ from usage_ledger.ledger.blobs import PreparedBlob, blob_hash, read_blob
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import ConfigError, SpoolCorrupt, SpoolWriteFailed
 from usage_ledger.ledger.read import iter_events
-from usage_ledger.ledger.spool import Spool, SpoolRecord
+from usage_ledger.ledger.spool import UNKEYED, Spool, SpoolRecord
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.ledger.writer import EventWriter, replay_spool
 
@@ -238,11 +239,11 @@ def test_a_record_quoted_inside_a_damaged_body_is_never_replayed(tmp_path: Path,
     spool, _, (before,) = _spool_with(tmp_path, 0)
     start = spool.size_bytes
     spool.write(carrier)
+    if damage == "body":
+        spool.write(SpoolRecord(events=call_events(2)))
     data = bytearray(spool.path.read_bytes())
     if damage == "body":
         data[start + 12] ^= 0xFF  # the carrier's checksum fails; a good record follows it
-        after = _record_bytes(SpoolRecord(events=call_events(2)))
-        data += after
     else:
         del data[-10:]  # the carrier was cut short by a crash
     spool.path.write_bytes(bytes(data))
@@ -331,13 +332,51 @@ async def test_a_forged_record_and_a_spool_from_another_ledger_are_quarantined_n
         assert moved.scan().records == [] and len(moved.scan().damaged) == 1
 
 
-async def test_a_spool_written_before_records_were_keyed_is_replayed_once(database: Database, tmp_path: Path) -> None:
+async def test_unkeyed_records_are_replayed_only_when_asked_by_name(database: Database, tmp_path: Path) -> None:
+    """A record in the old unkeyed format may be forged by anyone who can write the spool, without the key:
+    `ledger spool replay` refuses it (exit 2, the file as it was), `--accept-unkeyed` replays it once, said."""
     directory = tmp_path / "spool"
     directory.mkdir()
-    (directory / Spool.FILE_NAME).write_bytes(
-        b"".join(_legacy_record(SpoolRecord(events=call_events(i))) for i in range(3))
-    )
+    unkeyed = b"".join(_legacy_record(SpoolRecord(events=call_events(i))) for i in range(3))
+    (directory / Spool.FILE_NAME).write_bytes(unkeyed)
     with Spool(directory) as spool:
-        assert spool.scan().unkeyed == 3
-        appended, _ = await replay_spool(database, spool)
-        assert appended == 6 and spool.scan().records == []
+        scan = spool.scan()
+        assert scan.records == [] and [d.reason for d in scan.damaged] == [UNKEYED] * 3
+        with pytest.raises(SpoolCorrupt, match="--accept-unkeyed"):
+            await replay_spool(database, spool)
+        assert spool.path.read_bytes() == unkeyed
+        assert [e async for e in iter_events(database)] == []
+        assert spool.scan(accept_unkeyed=True).unkeyed == 3
+        with capture_logs() as logs:
+            appended, _ = await replay_spool(database, spool, accept_unkeyed=True)
+        assert appended == 6 and spool.scan().records == [] and spool.size_bytes == 0
+    assert [e for e in logs if e["event"] == "spool_unkeyed_records_replayed"] == [
+        {"event": "spool_unkeyed_records_replayed", "log_level": "warning", "path": str(spool.path), "records": 3}
+        | {"detail": logs[0]["detail"]}
+    ]
+    assert len({e.stream async for e in iter_events(database)}) == 3
+
+
+async def test_a_gateway_start_quarantines_unkeyed_records_and_replays_the_keyed(
+    database: Database, tmp_path: Path
+) -> None:
+    directory = tmp_path / "spool"
+    forged = _legacy_record(SpoolRecord(events=call_events(666)))  # without the key
+    with Spool(directory) as spool:
+        spool.write(SpoolRecord(events=call_events(1)))
+        with spool.path.open("ab") as handle:
+            handle.write(forged)
+        spool.write(SpoolRecord(events=call_events(2)))
+    restarted = Spool(directory)
+    async with EventWriter(database, restarted) as writer:
+        assert not writer.spooling
+        (side,) = restarted.quarantined()
+    assert side.read_bytes() == forged
+    streams = {e.stream async for e in iter_events(database)}
+    assert streams == {call_events(1)[0].stream, call_events(2)[0].stream}
+    # the operator's way back for records an older gateway wrote: the side file, replayed by name
+    replayed = tmp_path / "unkeyed" / "spool"
+    replayed.mkdir(parents=True)
+    os.rename(side, replayed / Spool.FILE_NAME)
+    with Spool(replayed) as spool:
+        assert await replay_spool(database, spool, accept_unkeyed=True) == (2, 0)

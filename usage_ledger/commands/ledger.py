@@ -101,6 +101,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = spool_sub.add_parser("replay", help="append spooled events to the database, then empty the spool")
     add_db_option(replay)
     replay.add_argument("--spool-dir", dest="spool_dir", help="spool directory (else LEDGER_SPOOL_DIR)")
+    replay.add_argument(
+        "--accept-unkeyed",
+        action="store_true",
+        help="also replay records without the spool's key (written by a gateway older than keyed records); "
+        "anyone who could write the spool could have forged them",
+    )
     replay.set_defaults(func=_spool_replay)
 
     redact = sub.add_parser("redact", help="erase a stored body (appends blob.redacted first)")
@@ -251,7 +257,7 @@ def _spool_replay(args: argparse.Namespace) -> int:
         database = await open_checked(settings)
         try:
             with Spool(settings.storage.spool_dir) as spool:
-                appended, duplicates = await replay_spool(database, spool)
+                appended, duplicates = await replay_spool(database, spool, accept_unkeyed=args.accept_unkeyed)
         finally:
             await database.dispose()
         print(f"spool replayed: {appended} events appended, {duplicates} already present")

@@ -16,7 +16,7 @@ A configured file is never created: a missing one is usually a volume that did n
 fresh key would silently make fingerprints that match none made before. A key file another user owns or
 may write, or one whose key is not random (every byte the same, such as all zeros), is refused: a planted
 key makes stored fingerprints testable offline. Readable by others is allowed with a warning (replicas may
-share one key read-only).
+share one key read-only). These are the rules of every key file (`ledger.read_key_file`, `ledger.check_random`).
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ import hmac
 import os
 import re
 import secrets
-import stat
 from pathlib import Path
 
 import structlog
 
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger import ConfigError, check_owned, fsync_dir
+from usage_ledger.ledger import ConfigError, check_random, fsync_dir, read_key_file
 
 __all__ = ("DEFAULT_KEY_FILE_NAME", "FINGERPRINT_PREFIX", "FingerprintKey", "key_file_path", "load_fingerprint_key")
 
@@ -44,6 +43,7 @@ DEFAULT_KEY_FILE_NAME = "ledger-fingerprint.key"
 _KEY_BYTES = 32
 _KEY_TEXT = re.compile(r"[0-9a-fA-F]{64}")
 _KEY_ID_DOMAIN = b"usage-ledger/fingerprint-key-id/v1\x00"
+_WHAT = "fingerprint key file"
 _CREATE_HINT = (
     "create one with `(umask 077; openssl rand -hex 32 > {path})`, or copy the key file of the gateways "
     "that share this database"
@@ -86,8 +86,7 @@ def load_fingerprint_key(settings: GatewaySettings, spool_dir: str) -> Fingerpri
     """Read (or, at the default path, create on first start) the installation's key; ConfigError if unusable."""
     path, configured = key_file_path(settings, spool_dir)
     try:
-        check_owned(path, "fingerprint key file")
-        text = path.read_bytes()
+        text = read_key_file(path, _WHAT)
     except FileNotFoundError:
         if configured:
             raise ConfigError(
@@ -97,7 +96,6 @@ def load_fingerprint_key(settings: GatewaySettings, spool_dir: str) -> Fingerpri
     except OSError as exc:
         raise ConfigError(f"cannot read the fingerprint key file {path}: {exc.strerror or exc}") from None
     key = _parse(path, text)
-    _warn_if_shared(path)
     log.info("fingerprint_key_loaded", path=str(path), key_id=key.key_id)
     return key
 
@@ -110,10 +108,7 @@ def _parse(path: Path, text: bytes) -> FingerprintKey:
             + _CREATE_HINT.format(path=path)
         )
     key = bytes.fromhex(stripped.decode("ascii"))
-    if len(set(key)) == 1:
-        raise ConfigError(
-            f"{path} holds a key that is not random (every byte {key[0]:#04x}): " + _CREATE_HINT.format(path=path)
-        )
+    check_random(key, path, _WHAT, _CREATE_HINT.format(path=path))
     return FingerprintKey(key)
 
 
@@ -149,9 +144,3 @@ def _create(path: Path) -> FingerprintKey:
     created = FingerprintKey(key)
     log.info("fingerprint_key_created", path=str(path), key_id=created.key_id)
     return created
-
-
-def _warn_if_shared(path: Path) -> None:
-    mode = stat.S_IMODE(path.stat().st_mode)
-    if mode & 0o077:
-        log.warning("fingerprint_key_file_readable_by_others", path=str(path), mode=f"{mode:04o}", expected="0600")

@@ -55,6 +55,7 @@ from usage_ledger.ledger.events import (
     utc_now,
 )
 from usage_ledger.ledger.heap import freeze_startup_heap
+from usage_ledger.ledger.key_files import check_random, read_key_file
 from usage_ledger.ledger.log import configure_logging
 from usage_ledger.ledger.migrate import (
     current_revision,
@@ -127,6 +128,7 @@ __all__ = (
     "call_stream",
     "chain_head",
     "check_owned",
+    "check_random",
     "configure_logging",
     "count_problem",
     "current_revision",
@@ -151,6 +153,7 @@ __all__ = (
     "read_blob",
     "read_checkpoint_notes",
     "read_events",
+    "read_key_file",
     "read_stream",
     "redact_blob",
     "replay_spool",

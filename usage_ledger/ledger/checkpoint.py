@@ -12,7 +12,8 @@ key ID = SHA-256(key name ‖ 0x0A ‖ 0x01 ‖ public key)[:4]. This ledger is 
 Merkle tree: the "root hash" line is the chain head, so a checkpoint proves a prefix only to a
 verifier that re-reads the chain (`ledger verify --checkpoint`), not by a consistency proof.
 
-Keys: the private key is PEM PKCS#8 (mode 0600) after a `key-name:` comment line; the public key
+Keys: the private key is PEM PKCS#8 (mode 0600) after a `key-name:` comment line, read only if it is ours
+(`key_files`: owned by this user or root, writable by no one else, not all one byte); the public key
 file is the signed-note verifier key `<name>+<hex key ID>+<base64(0x01 ‖ public key)>`.
 """
 
@@ -35,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from usage_ledger.ledger.chain import GENESIS_HASH, epoch_micros
 from usage_ledger.ledger.errors import ConfigError
+from usage_ledger.ledger.key_files import check_random, read_key_file
 
 __all__ = (
     "Checkpoint",
@@ -61,6 +63,7 @@ RECORDED_AT_PREFIX = "recorded-at "
 MAX_NOTE_BYTES = 64 * 1024  # the spec asks verifiers for a limit; 16 Ed25519 signatures fit easily
 _KEY_NAME = re.compile(r"[^\s+]+")
 _NAME_LINE = "key-name: "
+_WHAT = "checkpoint key"
 _ROW_DIGEST = struct.Struct(">Qq")  # position, recorded_at in microseconds
 
 
@@ -164,10 +167,12 @@ def write_key_files(key: SigningKey, path: Path) -> Path:
 
 
 def load_signing_key(path: Path) -> SigningKey:
+    """The key `ledger keygen` wrote, by the rules of every key file (`key_files`): ConfigError if it is not
+    ours (another owner, writable by others), not random, or not a checkpoint key."""
     try:
-        data = path.read_bytes()
+        data = read_key_file(path, _WHAT)
     except OSError as exc:
-        raise ConfigError(f"cannot read checkpoint key {path}: {exc}") from exc
+        raise ConfigError(f"cannot read checkpoint key {path}: {exc.strerror or exc}") from exc
     name = next(
         (
             line[len(_NAME_LINE) :].strip()
@@ -182,6 +187,10 @@ def load_signing_key(path: Path) -> SigningKey:
         raise ConfigError(f"{path} is not a checkpoint key written by `ledger keygen`: {exc}") from exc
     if not isinstance(private, Ed25519PrivateKey) or not name or not _KEY_NAME.fullmatch(name):
         raise ConfigError(f"{path} is not a checkpoint key written by `ledger keygen` (Ed25519 with a key-name line)")
+    seed = private.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    check_random(seed, path, _WHAT, "make a new one with `ledger keygen`")
     return SigningKey(name, private)
 
 

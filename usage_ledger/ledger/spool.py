@@ -10,8 +10,9 @@ Trust: the spool's directory, file and key must be the gateway's own (owned by i
 writable by others: `durable.check_owned`), else `open` refuses them. The key (`KEY_FILE_NAME`, 32 random
 bytes, made on first open) lives beside the spool directory, not in it: a spool directory brought from
 another ledger, or a record forged without the key, fails its HMAC and is quarantined as damage, never
-replayed. A record written before records were keyed (a msgpack body, no `0x00`) is replayed once and
-counted in `SpoolScan.unkeyed`, so an upgrade loses nothing.
+replayed. A record without a key (a msgpack body, no `0x00`: written before records were keyed, or forged by
+someone without the key) is damage too, unless the scan is asked to accept it (`ledger spool replay
+--accept-unkeyed`, never the gateway): then it is read and counted in `SpoolScan.unkeyed`.
 
 Reading: a record cut short at the end of the file (a crash mid-write) is reported and dropped.
 A damaged region before the end (bad length, checksum or body) is skipped so valid records after
@@ -45,14 +46,19 @@ from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.durable import check_owned, fsync_dir
 from usage_ledger.ledger.errors import ConfigError, SpoolWriteFailed
 from usage_ledger.ledger.events import NewEvent
+from usage_ledger.ledger.key_files import check_random, read_key_file
 
-__all__ = ("Spool", "SpoolDamage", "SpoolRecord", "SpoolScan")
+__all__ = ("UNKEYED", "Spool", "SpoolDamage", "SpoolRecord", "SpoolScan")
 
 _HEADER = struct.Struct(">II")
 _MAX_RECORD = 1 << 31
 _KEYED = b"\x00"  # a msgpack record (a map) never starts with it
 _MAC_BYTES = 32
 _KEY_BYTES = 32
+UNKEYED = (
+    "is not keyed (written by a gateway older than keyed spool records, or forged without the key); if an older "
+    "gateway wrote it, replay it with `ledger spool replay --accept-unkeyed`"
+)
 
 
 class SpoolRecord(msgspec.Struct, frozen=True):
@@ -77,7 +83,7 @@ class SpoolScan(msgspec.Struct, frozen=True):
     damaged: list[SpoolDamage] = []
     spans: list[tuple[int, int]] = []  # (start, end) of each good record, in file order
     unkeyed: int = 0
-    """Good records written before records were keyed (replayed once, said in the log)."""
+    """Good records written before records were keyed (read only when the scan accepts them)."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -133,10 +139,9 @@ class Spool:
         self._retired = []
 
     def _load_key(self) -> bytes:
-        """The spool's key: read (it must be the gateway's own), or made on first open (mode 0600)."""
+        """The spool's key: read (by the rules of every key file: `key_files`), or made on first open (mode 0600)."""
         try:
-            check_owned(self.key_path, "spool key")
-            key = self.key_path.read_bytes()
+            key = read_key_file(self.key_path, "spool key")
         except FileNotFoundError:
             key = secrets.token_bytes(_KEY_BYTES)
             tmp = self.key_path.with_name(f".{self.KEY_FILE_NAME}.{os.getpid()}.tmp")
@@ -150,6 +155,7 @@ class Spool:
             fsync_dir(self.key_path.parent)
         if len(key) != _KEY_BYTES:
             raise ConfigError(f"spool key {self.key_path} is not {_KEY_BYTES} bytes: check it, or remove it")
+        check_random(key, self.key_path, "spool key", "check it, or remove it (a new one is made on the next start)")
         return key
 
     def __enter__(self) -> Spool:
@@ -217,15 +223,16 @@ class Spool:
         os.ftruncate(fd, offset)
         os.fsync(fd)
 
-    def recover(self) -> SpoolScan:
-        """Scan; move damaged regions to quarantine files and keep only the good records.
+    def recover(self, *, accept_unkeyed: bool = False) -> SpoolScan:
+        """Scan; move damaged regions (and unkeyed records, unless `accept_unkeyed`) to quarantine files and keep
+        only the good records.
 
         Order matters for crash safety: the quarantine files are fsync'd first, then the good
         records are written to a new file that atomically replaces the spool. A torn tail is cut.
         """
         fd = self._require_fd()
         data = self.path.read_bytes()
-        scan = _scan(data, self._require_key())
+        scan = _scan(data, self._require_key(), accept_unkeyed)
         if scan.damaged:
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
             for damage in scan.damaged:
@@ -252,9 +259,12 @@ class Spool:
         return scan
 
     # -- reading -----------------------------------------------------------------------------
-    def scan(self) -> SpoolScan:
-        """Read every good record; a torn tail and damaged regions are reported in the result, not raised."""
-        return _scan(self.path.read_bytes() if self.path.exists() else b"", self._require_key())
+    def scan(self, *, accept_unkeyed: bool = False) -> SpoolScan:
+        """Read every good record; a torn tail and damaged regions are reported in the result, not raised.
+
+        An unkeyed record is damage unless `accept_unkeyed` (`ledger spool replay --accept-unkeyed`)."""
+        data = self.path.read_bytes() if self.path.exists() else b""
+        return _scan(data, self._require_key(), accept_unkeyed)
 
     def _require_fd(self) -> int:
         if self._fd is None:
@@ -313,20 +323,22 @@ def _clean_to_end(data: bytes, offset: int) -> bool:
     return True
 
 
-def _record(body: bytes, key: bytes) -> tuple[SpoolRecord, bool]:
+def _record(body: bytes, key: bytes, accept_unkeyed: bool) -> tuple[SpoolRecord, bool]:
     """(record, keyed) of a body whose CRC checked out; ValueError if it is not one of this spool's records."""
     keyed = body[:1] == _KEYED
     if keyed:
         mac, body = body[1 : 1 + _MAC_BYTES], body[1 + _MAC_BYTES :]
         if not hmac.compare_digest(mac, hmac.digest(key, body, hashlib.sha256)):
             raise ValueError("is not keyed by this spool's key (a spool from another ledger, or forged)")
+    elif not accept_unkeyed:
+        raise ValueError(UNKEYED)
     try:
         return _decoder.decode(body), keyed
     except msgspec.DecodeError as exc:
         raise ValueError(f"does not decode: {exc}") from None
 
 
-def _scan(data: bytes, key: bytes) -> SpoolScan:
+def _scan(data: bytes, key: bytes, accept_unkeyed: bool) -> SpoolScan:
     records: list[SpoolRecord] = []
     spans: list[tuple[int, int]] = []
     damaged: list[SpoolDamage] = []
@@ -337,7 +349,7 @@ def _scan(data: bytes, key: bytes) -> SpoolScan:
         record_end, reason = _check(data, offset)
         if reason is None:
             try:
-                record, keyed = _record(data[offset + _HEADER.size : record_end], key)
+                record, keyed = _record(data[offset + _HEADER.size : record_end], key, accept_unkeyed)
                 records.append(record)
                 spans.append((offset, record_end))
                 unkeyed += not keyed

@@ -39,19 +39,26 @@ INLINE_COMPRESS_BYTES = 16 * 1024
 
 
 async def replay_spool(
-    database: Database, spool: Spool, batch_max_events: int = 5000, *, quarantine: bool = False
+    database: Database,
+    spool: Spool,
+    batch_max_events: int = 5000,
+    *,
+    quarantine: bool = False,
+    accept_unkeyed: bool = False,
 ) -> tuple[int, int]:
     """Append every spooled record in order, then empty the spool. Returns (appended, duplicates).
 
     Safe to repeat: events already in the database (by event id) are skipped. A damaged region
     before the end raises `SpoolCorrupt` (the file is left as it was) unless `quarantine`, where it
-    is moved to a side file, logged, and the valid records around it are replayed.
+    is moved to a side file, logged, and the valid records around it are replayed. A record without
+    the spool's key is damage unless `accept_unkeyed` (asked for by name: `--accept-unkeyed`), where it
+    is replayed with a warning.
     """
     if quarantine:
-        scan = spool.recover()
+        scan = spool.recover(accept_unkeyed=accept_unkeyed)
         report_damage(spool, scan)
     else:
-        scan = spool.scan()
+        scan = spool.scan(accept_unkeyed=accept_unkeyed)
         if scan.damaged:
             first = scan.damaged[0]
             raise SpoolCorrupt(
@@ -61,6 +68,13 @@ async def replay_spool(
             log.warning(
                 "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
             )
+    if scan.unkeyed:
+        log.warning(
+            "spool_unkeyed_records_replayed",
+            path=str(spool.path),
+            records=scan.unkeyed,
+            detail="records without the spool's key, replayed because --accept-unkeyed asked for it",
+        )
     appended = duplicates = 0
     events: list[NewEvent] = []
     blobs: list[PreparedBlob] = []
@@ -78,14 +92,7 @@ async def replay_spool(
 
 def report_damage(spool: Spool, scan: SpoolScan) -> None:
     """Log (warning) what `Spool.recover` cut: a torn tail, and each quarantined region (a record from
-    another ledger or forged among them); and records from before spool records were keyed, replayed once."""
-    if scan.unkeyed:
-        log.warning(
-            "spool_unkeyed_records_replayed",
-            path=str(spool.path),
-            records=scan.unkeyed,
-            detail="written before spool records were keyed (an older gateway): replayed once",
-        )
+    another ledger, forged or unkeyed among them)."""
     if scan.torn_tail_at is not None:
         log.warning(
             "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
