@@ -200,6 +200,7 @@ EXPORTED = {
         "calls_page",
         "clickhouse_schema",
         "compare_runs",
+        "csv_cell",
         "daily_report",
         "decide",
         "era_of",

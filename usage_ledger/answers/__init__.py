@@ -20,6 +20,7 @@ from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schem
 from usage_ledger.answers.compare import compare_runs, metric_values, render_comparison
 from usage_ledger.answers.compare_latency import tpot_s
 from usage_ledger.answers.comparison import Comparison
+from usage_ledger.answers.csv_cells import csv_cell
 from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
 from usage_ledger.answers.decide_answers import RunAnswer, key_answers
 from usage_ledger.answers.eras import EraRow, era_of, eras_report, group_of
@@ -63,6 +64,7 @@ __all__ = (
     "calls_page",
     "clickhouse_schema",
     "compare_runs",
+    "csv_cell",
     "daily_report",
     "decide",
     "era_of",

@@ -18,6 +18,7 @@ from typing import IO, Any
 import msgspec
 
 from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
+from usage_ledger.answers.csv_cells import csv_cell
 from usage_ledger.answers.export_columns import EXPORT_COLUMNS
 from usage_ledger.answers.filters import NO_FILTER, CallFilter
 from usage_ledger.answers.reports import runs_report, tickers_report
@@ -74,13 +75,9 @@ class RunDetail(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _csv_value(value: Any) -> Any:
-    if value is None:
-        return ""
     if isinstance(value, dict):
         return _encoder.encode(value).decode()
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
+    return csv_cell(value)
 
 
 async def _write_text(rows: AsyncIterator[CallView], out: IO[bytes], fmt: str) -> int:

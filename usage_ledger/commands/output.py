@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from usage_ledger.answers import in_zone
+from usage_ledger.answers import csv_cell, in_zone
 from usage_ledger.projections import ProjectionError
 
 __all__ = (
@@ -300,9 +300,7 @@ def print_rows(
         writer = csv.writer(sys.stdout)
         writer.writerow(list(flat[0]))
         for row in flat:
-            writer.writerow(
-                ["" if v is None else v.isoformat() if isinstance(v, datetime) else v for v in row.values()]
-            )
+            writer.writerow([csv_cell(v) for v in row.values()])
         return
     width = width or terminal_width()
     if not flat:
