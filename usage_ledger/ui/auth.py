@@ -5,13 +5,15 @@ to the admin API. Both are compared in constant time (hmac.compare_digest), as t
 The cookie holds a random session id, not the token: a copied cookie opens the dashboard until that
 session ends, and never gives the admin API's bearer token away. Sessions live in the process
 (`_Sessions`): logging out ends the session for good, a restart ends them all, and each replica has its
-own (a browser logs in to each). Without a token set the dashboard is open, but it shows no request or
-response bodies (ui.pages): only a token-holder sees those.
+own (a browser logs in to each). Wrong tokens at the form are slowed down per client (`guesses`). Without a
+token set the dashboard is open, but it shows no request or response bodies (ui.pages): only a token-holder
+sees those.
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import secrets
 import time
 from typing import Annotated, Any
@@ -25,8 +27,9 @@ from litestar.exceptions import NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromQuery
 from litestar.response import Redirect
-from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED
+from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED, HTTP_429_TOO_MANY_REQUESTS
 
+from usage_ledger.ui.guesses import GuessLimiter
 from usage_ledger.ui.render import Renderer
 
 __all__ = ("COOKIE", "SESSION_S", "LoginRequired", "UiAuth")
@@ -88,6 +91,7 @@ class UiAuth:
         self.token = token
         self.renderer = renderer
         self._sessions = _Sessions()
+        self.guesses = GuessLimiter()
         self._bearer = f"Bearer {token}".encode() if token else b""
 
     def __deepcopy__(self, memo: dict[int, Any]) -> UiAuth:
@@ -130,12 +134,27 @@ class UiAuth:
             target = _safe_next(data.next)
             if auth.token is None:
                 return Redirect(target, status_code=HTTP_303_SEE_OTHER)
+            client = request.client.host if request.client else ""
+            wait_s = auth.guesses.wait_s(client)
+            if wait_s > 0:  # the token is not compared: a right guess now looks like a wrong one
+                seconds = math.ceil(wait_s)
+                page = auth.renderer.page(
+                    "login.html",
+                    title="Enter the admin token",
+                    next=target,
+                    error=f"Too many wrong tokens from your address: try again in {seconds} s.",
+                )
+                page.status_code = HTTP_429_TOO_MANY_REQUESTS
+                page.headers["Retry-After"] = str(seconds)
+                return page
             if not hmac.compare_digest(data.token.encode(), auth.token.encode()):
+                auth.guesses.failed(client)
                 page = auth.renderer.page(
                     "login.html", title="Enter the admin token", next=target, error="That is not the admin token."
                 )
                 page.status_code = HTTP_401_UNAUTHORIZED
                 return page
+            auth.guesses.succeeded(client)
             cookie = Cookie(
                 key=COOKIE,
                 value=auth._sessions.open(),
