@@ -169,3 +169,37 @@ async def test_health_says_so_when_the_disk_is_nearly_full(
         monkeypatch.setattr(os, "statvfs", nearly_full)
         reasons = (await _health(writer, database))["reasons"]
         assert any(str(r).startswith(f"spool {tmp_path / 'spool'}:") and "MiB free" in str(r) for r in reasons), reasons
+
+
+async def test_health_recovers_on_its_own_once_a_full_disk_is_freed(
+    database: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#52 point 9: after a full disk was freed, health said `degraded` until some call arrived."""
+    down = open_database(UNREACHABLE, null_pool=True)
+    spool = Spool(tmp_path / "spool")
+    real_write = os.write
+    full = True
+
+    def disk(fd: int, data: bytes) -> int:  # every write under the spool directory, the writer's and any probe's
+        if full and os.readlink(f"/proc/self/fd/{fd}").startswith(str(spool.directory)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    async with EventWriter(down, spool, retry_interval_s=0.02) as writer:
+        monkeypatch.setattr(os, "write", disk)
+        with pytest.raises(SpoolWriteFailed):
+            await writer.append(call_events(1))
+
+        async def cannot_record() -> bool:
+            return any("cannot be recorded" in str(r) for r in (await _health(writer, database))["reasons"])
+
+        assert await cannot_record()
+        for _ in range(5):  # several re-checks while the disk is still full: still so
+            await wait_until(lambda: writer.queue_depth == 0)
+            assert await cannot_record()
+        full = False  # freed; no call arrives
+        await wait_until(lambda: not any("cannot be recorded" in p for p in writer.problems), what="recovery")
+        assert not await cannot_record()
+        monkeypatch.undo()
+        assert await writer.append(call_events(2)) == "spooled"  # as health now says: recorded
+    await down.dispose()

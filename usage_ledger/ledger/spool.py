@@ -212,6 +212,13 @@ class Spool:
                 f"{self.directory} or point LEDGER_SPOOL_DIR elsewhere"
             ) from exc
 
+    def probe(self) -> None:
+        """SpoolWriteFailed unless a record can be written now (after a full disk was freed): a record of no
+        events, written as any record and cut off again (a crash in between leaves a record that adds nothing)."""
+        start = os.fstat(self._require_fd()).st_size
+        self.write(SpoolRecord(events=[]))
+        self.cut_torn_tail(start)
+
     def clear(self) -> None:
         """Empty the spool after its records were committed to the database."""
         fd = self._require_fd()

@@ -81,7 +81,7 @@ async def replay_spool(
     for index, record in enumerate(scan.records):
         events.extend(record.events)
         blobs.extend(record.blobs)
-        if len(events) >= batch_max_events or index == len(scan.records) - 1:
+        if (len(events) >= batch_max_events or index == len(scan.records) - 1) and (events or blobs):
             result = await append_events(database, events, blobs)
             appended += result.appended
             duplicates += result.duplicates
@@ -259,6 +259,9 @@ class EventWriter:
             if not self._done:
                 if self._closing:
                     return
+                rechecking = self._failing is not None and self.spool is not None
+                if rechecking:
+                    self._recheck()
                 if self._spooling:  # no traffic: replay on the retry timer, not on the next request
                     if await self._try_replay():
                         continue
@@ -268,9 +271,24 @@ class EventWriter:
                     self._wakeup = None
                     continue
                 self._wakeup = asyncio.get_running_loop().create_future()
-                await self._wakeup
+                if rechecking:  # health recovers without traffic: look again on the retry timer
+                    await asyncio.wait([self._wakeup], timeout=self.retry_interval_s)
+                    self._wakeup = None
+                else:
+                    await self._wakeup
                 continue
             await self._write(*self._take_batch())
+
+    def _recheck(self) -> None:
+        """After events could be neither committed nor spooled (a full disk): once the spool takes a write
+        again, events can be recorded again (spooled at worst), so health stops saying they cannot."""
+        assert self.spool is not None
+        try:
+            self.spool.probe()
+        except (OSError, SpoolWriteFailed):
+            return
+        log.info("ledger_recording_recovered", was=self._failing)
+        self._failing = None
 
     def _take_batch(
         self,
