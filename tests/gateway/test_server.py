@@ -126,6 +126,33 @@ async def test_oversized_request_head_gets_431_and_the_connection_closes(databas
     assert len(gw.upstream.handled) == 1
 
 
+async def test_a_header_line_that_never_ends_gets_431_once_over_the_limit(database: Database, tmp_path: Path) -> None:
+    """Issue #52: httptools hands a header over only once its line ends, so an endless one was never counted (it
+    was buffered, and copied again at each read, until the head timeout). Now the head's bytes count as they come."""
+    async with echo_gateway(make_settings(head_timeout_s=5), database, tmp_path) as gw:
+        for start in (b"GET / HTTP/1.1\r\nhost: x\r\nx-endless: ", b"GET / HTTP/1.1\r\nhost: x\r\nx-endless-name"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(start)
+            with contextlib.suppress(ConnectionError):
+                for _ in range(4 * MAX_HEAD_BYTES // 4096):  # four times the limit in pieces, the line never ended
+                    writer.write(b"v" * 4096)
+                    await writer.drain()
+            status, headers, body = await read_response(reader)
+            assert status == 431 and headers["connection"] == "close"
+            assert json.loads(body)["error"]["code"] == "headers_too_large"
+            await close(writer)
+        # a head near the limit in many reads is an ordinary request
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-long: ")
+        for _ in range(MAX_HEAD_BYTES // 2 // 4096):
+            writer.write(b"v" * 4096)
+            await writer.drain()
+        writer.write(b"\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        await close(writer)
+    assert len(gw.upstream.handled) == 1
+
+
 async def test_body_over_the_limit_gets_413_and_the_connection_closes(database: Database, tmp_path: Path) -> None:
     async with echo_gateway(make_settings(max_body_bytes=10), database, tmp_path) as gw:
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)

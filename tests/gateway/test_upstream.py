@@ -177,6 +177,28 @@ async def invalid_response_is_a_reset() -> None:
 
 
 @scenario
+async def a_response_head_over_the_cap_is_a_reset_and_closes_the_connection() -> None:
+    """Issue #52: an upstream's header line that never ends is counted as it arrives (httptools hands a header
+    over only once it ends, buffering it meanwhile); a head of many complete lines is capped as well."""
+    endless = [b"HTTP/1.1 200 OK\r\nx-endless: ", *[b"v" * 65536] * 64]  # 4 MiB, never ended
+    lines = b"".join(b"x-filler-%d: %s\r\n" % (i, b"v" * 1000) for i in range(70))
+    many = [b"HTTP/1.1 200 OK\r\n" + lines, b"content-length: 2\r\n\r\n{}"]  # complete lines, 70 kB
+    for parts in (endless, many):
+
+        async def respond(request: Request, writer: asyncio.StreamWriter, parts: list[bytes] = parts) -> bool:
+            with contextlib.suppress(ConnectionError):
+                for part in parts:
+                    writer.write(part)
+                    await writer.drain()
+            return await request.hang()
+
+        async with Server(respond) as server, client(server.url, upstream_read_timeout_s=3) as upstream:
+            with pytest.raises(UpstreamReset, match="response head exceeds 65536 bytes"):
+                await upstream.send("POST", "/", [], b"")
+            await server.wait_peer_close()
+
+
+@scenario
 async def refused_is_unreachable() -> None:
     async with client(f"http://127.0.0.1:{free_port()}") as upstream:
         with pytest.raises(UpstreamUnreachable, match="cannot connect"):

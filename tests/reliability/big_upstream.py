@@ -2,7 +2,8 @@
 
 The request says the size (`x-test-body-bytes`) and the framing (`x-test-framing: length | chunked`);
 `big_body(size)` is the exact body, so a test can check what reached its client byte for byte and
-the usage the gateway read from its end. `GET /health` answers 200.
+the usage the gateway read from its end. `x-test-head-line-bytes: N` makes it hostile: the response head
+begins with one header line of N bytes, sent a MiB at a time, before the rest. `GET /health` answers 200.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             body = big_body(int(headers.get("x-test-body-bytes", "1000")))
             chunked = headers.get("x-test-framing") == "chunked"
             framing = b"transfer-encoding: chunked" if chunked else b"content-length: %d" % len(body)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%b\r\n\r\n" % framing)
+            writer.write(b"HTTP/1.1 200 OK\r\n")
+            await _header_line(writer, int(headers.get("x-test-head-line-bytes", "0")))
+            writer.write(b"content-type: application/json\r\n%b\r\n\r\n" % framing)
             for start in range(0, len(body), PIECE):
                 piece = body[start : start + PIECE]
                 writer.write(b"%x\r\n%b\r\n" % (len(piece), piece) if chunked else piece)
@@ -60,6 +63,18 @@ async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         pass
     finally:
         writer.close()
+
+
+async def _header_line(writer: asyncio.StreamWriter, size: int) -> None:
+    """One header line of `size` bytes (a name, then a value that goes on), a MiB per write."""
+    if size <= 0:
+        return
+    writer.write(b"x-test-bomb: ")
+    block = b"b" * PIECE
+    for start in range(0, size, PIECE):
+        writer.write(block[: min(PIECE, size - start)])
+        await writer.drain()
+    writer.write(b"\r\n")
 
 
 async def main(port: int) -> None:

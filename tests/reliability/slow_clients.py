@@ -1,4 +1,5 @@
-"""Raw-socket clients that are slow on purpose: partial heads, trickled heads, stalled bodies.
+"""Raw-socket clients that are slow or endless on purpose: partial heads, trickled heads, stalled bodies,
+bodies trickled again each time the gateway ends them, header lines that never end.
 
 Each returns what the gateway did with its connection: the status of the answer it read (`"408"`),
 `"closed"` (no answer, the connection ended), `"reset"`, or `"open"` (nothing happened in time).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+from collections import Counter
 
 HEAD_START = b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -124,4 +126,46 @@ async def trickled_body(port: int, interval_s: float, give_up_s: float, declared
             return status_of(data)
         return "sent whole"
     finally:
+        writer.close()
+
+
+async def reopening_trickler(port: int, interval_s: float, until: float, declared: int = 100_000) -> Counter[str]:
+    """`trickled_body` again and again, a new connection as soon as the gateway ended the last one, until loop time
+    `until`; how each connection ended."""
+    loop = asyncio.get_running_loop()
+    outcomes: Counter[str] = Counter()
+    while (left := until - loop.time()) > 0:
+        outcome = await trickled_body(port, interval_s, give_up_s=left, declared=declared)
+        outcomes[outcome] += 1
+        if outcome == "refused":
+            await asyncio.sleep(0.01)  # the listen queue is full: not a hot loop on this shared box
+    return outcomes
+
+
+async def header_bomb(port: int, give_up_s: float, *, block: int = 64 * 1024) -> str:
+    """A request head whose one header line never ends, sent as fast as the gateway reads it until the gateway
+    answers or closes (or `give_up_s` passes: "open")."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + give_up_s
+    answered = asyncio.ensure_future(reader.read(65536))
+    filler = b"a" * block
+    try:
+        writer.write(HEAD_START + b"x-bomb: ")
+        while not answered.done() and (left := deadline - loop.time()) > 0:
+            try:
+                writer.write(filler)
+                await asyncio.wait_for(writer.drain(), left)
+            except (ConnectionError, TimeoutError):
+                break
+        try:
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                data = await answered
+        except TimeoutError:
+            return "open"
+        except ConnectionError:
+            return "reset"
+        return status_of(data)
+    finally:
+        answered.cancel()
         writer.close()

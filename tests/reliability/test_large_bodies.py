@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import sys
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,7 +25,6 @@ from tests.reliability.big_upstream import big_body, big_usage
 from tests.reliability.helpers import chat_body, read_blobs, read_ledger
 from tests.reliability.slow_clients import answer, stalled_body
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.processes import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -39,19 +36,6 @@ STALLED_BYTES = 30_000_000
 SLACK = 64 * MIB
 """Buffers (upstream high-water, transports), the allocator's slack, the writer's work: the documented margin."""
 DEFAULTS = GatewaySettings()
-
-
-@pytest.fixture(scope="module")
-def big_upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    port = free_port()
-    log = tmp_path_factory.mktemp("big") / "upstream.log"
-    args = [sys.executable, "-m", "tests.reliability.big_upstream", str(port)]
-    proc = Process(args, f"http://127.0.0.1:{port}/health", log).start()
-    proc.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def _status(pid: int, field: str) -> int:

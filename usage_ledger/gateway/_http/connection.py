@@ -29,6 +29,7 @@ __all__ = ("AbortSignal", "HttpConnection")
 log = structlog.get_logger("gateway.server")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_HEAD_TOO_LARGE = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
 _ERROR_CODES = {400: "bad_request", 408: "request_timeout", 431: "headers_too_large", 503: "gateway_busy"}
 
 
@@ -55,6 +56,11 @@ class HttpConnection(GuardedConnection):
         self.bad_request: str | None = None
         self.bad_status = 400
         self.head_bytes = 0
+        """Of the head being parsed: the bytes httptools handed over (request target, header names and values)."""
+        self.head_received = 0
+        """Of the head not yet complete: the bytes received in the reads that ended inside it."""
+        self.heads = 0
+        """Request heads completed on this connection (tells whether a read ended inside a head)."""
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
 
@@ -76,6 +82,8 @@ class HttpConnection(GuardedConnection):
     def data_received(self, data: bytes) -> None:
         if self.bad_request is not None:
             return  # the connection closes after the answer in progress; nothing more is read
+        in_head = self.phase != BODY  # these bytes begin or continue a request head
+        heads = self.heads
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -83,11 +91,17 @@ class HttpConnection(GuardedConnection):
             return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
-                self.bad_status = 431
-                self._malformed(str(exc.__context__))
+                self._head_too_large()
             else:
                 self._malformed(f"malformed HTTP request: {exc}")
             return
+        if in_head and self.heads == heads:  # the read ended inside a head: all of it was head
+            # counted as it arrives: httptools hands a header over only once its line ends, and until then
+            # buffers it, copying it again at each read (one line that never ends held the loop for seconds)
+            self.head_received += len(data)
+            if self.head_received > MAX_HEAD_BYTES:
+                self._head_too_large()
+                return
         phase = self.phase
         if phase == BODY:
             self.last_read = self.loop.time()
@@ -159,12 +173,14 @@ class HttpConnection(GuardedConnection):
     def _count_head(self, size: int) -> None:
         self.head_bytes += size
         if self.head_bytes > MAX_HEAD_BYTES:
-            raise _HeadTooLarge(f"the request line and headers exceed {MAX_HEAD_BYTES} bytes")
+            raise _HeadTooLarge(_HEAD_TOO_LARGE)
 
     def on_headers_complete(self) -> None:
         request = self.parsing
         assert request is not None
         parser = self.parser
+        self.heads += 1
+        self.head_received = 0
         request.received = time.time()
         self.phase = BODY
         self.last_read = self.body_since = self.loop.time()
@@ -370,6 +386,10 @@ class HttpConnection(GuardedConnection):
             self._dispatch()  # complete requests that came before the bad bytes are answered first
         else:
             self._answer_bad_request()
+
+    def _head_too_large(self) -> None:
+        self.bad_status = 431
+        self._malformed(_HEAD_TOO_LARGE)
 
     def _answer_bad_request(self) -> None:
         reason = self.bad_request or "malformed HTTP request"

@@ -6,7 +6,8 @@
 
 The read timeout is an idle timeout (no byte for `upstream_read_timeout_s` while reading) kept by
 one lazily re-armed timer per connection, not one timer per chunk. Reading pauses when a consumer
-lags by more than `HIGH_WATER` bytes, or while a piped consumer holds it (`hold`).
+lags by more than `HIGH_WATER` bytes, or while a piped consumer holds it (`hold`). A response head over
+`MAX_HEAD_BYTES` (counted as it arrives, interim responses included) is an `UpstreamInvalid` and closes the connection.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import httptools
 
 from usage_ledger.gateway.errors import UpstreamError, UpstreamInvalid, UpstreamReset, UpstreamTimeout
 from usage_ledger.gateway.headers import Header
+from usage_ledger.gateway.limits import MAX_HEAD_BYTES
 
 __all__ = ("HIGH_WATER", "UpstreamConnection")
 
@@ -26,6 +28,7 @@ HIGH_WATER = 256 * 1024
 """Body bytes buffered for a lagging consumer before reading from the upstream pauses."""
 
 _NO_BODY_STATUS = frozenset({204, 304})
+_HEAD_TOO_LARGE = f"the upstream's response head exceeds {MAX_HEAD_BYTES} bytes"
 
 
 class _Pool(Protocol):
@@ -56,6 +59,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = 0
         self.headers: list[Header] = []
         self.headers_done = False
+        self.head_bytes = 0
+        """Header names and values httptools handed over, interim responses' included."""
+        self.head_received = 0
+        """Bytes received in reads that ended before the response's head did (interim responses' included)."""
         self.until_close = False
         self.body: list[bytes] = []
         self.buffered = 0
@@ -81,14 +88,25 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         self.last_read = self.loop.time()
+        in_head = not self.headers_done
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             if not self.complete:
-                self._fail(UpstreamInvalid(f"the upstream sent an invalid HTTP response: {exc}"))
+                too_large = isinstance(exc.__context__, _HeadTooLarge)
+                reason = _HEAD_TOO_LARGE if too_large else f"the upstream sent an invalid HTTP response: {exc}"
+                self._fail(UpstreamInvalid(reason))
             self.close()
             self._wake()
             return
+        if in_head and not self.headers_done:
+            # counted as it arrives: httptools hands a header over only once its line ends, and until then
+            # buffers it, copying it again at each read (a hostile upstream's endless line took GBs and seconds)
+            self.head_received += len(data)
+            if self.head_received > MAX_HEAD_BYTES:
+                self._fail(UpstreamInvalid(_HEAD_TOO_LARGE))
+                self.close()
+                return
         if self.overflow:  # bytes beyond the response: deliver the response, never reuse the connection
             self.close()
         if self.sink is not None:  # piped: the bytes go to the sink now, no task wake-up per chunk
@@ -128,6 +146,9 @@ class UpstreamConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # after the head: a chunked body's trailer fields, dropped (never headers: #52)
         if not self.headers_done and self.error is None:
+            self.head_bytes += len(name) + len(value)
+            if self.head_bytes > MAX_HEAD_BYTES:
+                raise _HeadTooLarge(_HEAD_TOO_LARGE)
             self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
@@ -169,6 +190,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.status = 0
         self.headers = []
         self.headers_done = self.until_close = self.complete = self.overflow = self.keep_alive = False
+        self.head_bytes = self.head_received = 0
         self.body = []
         self.buffered = 0
         self.error = None
@@ -295,3 +317,7 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             return
         self.timer = self.loop.call_at(self.last_read + timeout, self._on_timer)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback; httptools re-raises it as the context of its callback error."""
