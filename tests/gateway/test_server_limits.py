@@ -113,8 +113,40 @@ async def test_at_the_cap_the_longest_waiting_connection_makes_room(database: Da
             await close(conn_writer)
 
 
+async def test_at_the_cap_the_body_furthest_behind_the_minimum_rate_makes_room(
+    database: Database, tmp_path: Path
+) -> None:
+    """Issue #52: a body under way never made room, so bodies trickled again whenever they were cut kept every slot.
+    Now the one furthest behind `min_body_rate` does (its grace not counted); a body on pace keeps its slot."""
+    settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_connections": 3, "min_body_rate": 100})
+    async with echo_gateway(settings, database, tmp_path) as gw:
+        budget = gw.live.server.request_bytes
+        whole = post("/v1/x", b"x" * 1000)
+        furthest = await _connect(gw.port, whole[:-990])  # 10 bytes: on pace for 0.1 s
+        await wait_until(lambda: budget.held == 10, what="the first body begun")
+        await asyncio.sleep(0.2)
+        behind = await _connect(gw.port, whole[:-990])
+        on_pace = await _connect(gw.port, whole[:-500])  # 500 bytes: on pace for 5 s
+        await wait_until(lambda: budget.held == 520, what="every body begun")
+        await asyncio.sleep(0.2)  # both short ones are behind now, the first further
+        reader, writer = await _connect(gw.port, post("/v1/x", b"served"))
+        status, _, body = await asyncio.wait_for(read_response(reader), 10)
+        assert status == 200 and json.loads(body)["body"] == "served"
+        status, headers, error = await _error(furthest[0])
+        assert status == 408 and headers["connection"] == "close" and error["code"] == "request_timeout"
+        assert "LEDGER_MAX_CONNECTIONS" in error["message"] and "LEDGER_MIN_BODY_RATE" in error["message"]
+        assert gw.live.app.metrics.connections_shed == 1
+        on_pace[1].write(whole[-500:])  # kept its slot: its request is served
+        status, _, body = await asyncio.wait_for(read_response(on_pace[0]), 10)
+        assert status == 200 and len(json.loads(body)["body"]) == 1000
+        for conn_writer in (writer, furthest[1], behind[1], on_pace[1]):
+            await close(conn_writer)
+    assert gw.upstream.handled == [b"served", b"x" * 1000]
+
+
 async def test_at_the_cap_with_every_connection_busy_a_new_one_gets_503(database: Database, tmp_path: Path) -> None:
-    settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_connections": 1})
+    # the busy body is on pace (5 bytes at 1 byte/s: for 5 s); one behind it would make room (above)
+    settings = make_settings(**{**FAST, "body_timeout_s": 30, "max_connections": 1, "min_body_rate": 1})
     async with echo_gateway(settings, database, tmp_path) as gw:
         busy = await _connect(gw.port, post("/v1/x", b"0123456789")[:-5])
         budget = gw.live.server.request_bytes

@@ -4,8 +4,10 @@ Issue #18: 1,124 partial-head connections exhausted the gateway's file descripto
 --nofile=1024`) and a normal call was dropped; 300 trickling connections stayed open forever.
 Now a head has `LEDGER_HEAD_TIMEOUT_S`, a body may pause `LEDGER_BODY_TIMEOUT_S` and must keep
 `LEDGER_MIN_BODY_RATE` after its first 10 s (issue #38: a byte every 40 s kept a slot forever), and at
-`LEDGER_MAX_CONNECTIONS` the longest-waiting connection without a request under way makes room
-(408) — or, if every connection is busy, the new one gets a 503 and is closed.
+`LEDGER_MAX_CONNECTIONS` the longest-waiting connection without a request under way, or the body furthest
+behind the minimum rate, makes room (408) — or, if every connection is busy, the new one gets a 503 and is
+closed. Issue #52: bodies trickled again on a new connection whenever the gateway cut them kept every slot
+(only connections in their head made room), and every call got a 503.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.reliability.slow_clients import (
     answer,
     answer_in_full,
     partial_head,
+    reopening_trickler,
     stalled_body,
     trickled_body,
     trickled_head,
@@ -37,6 +40,8 @@ FD_LIMIT = 1024
 PARTIAL_HEADS = 1100
 TRICKLERS = 300
 TRICKLING_BODIES = 450
+REOPENING = 160
+"""At 512 descriptors the derived cap is 160 connections (`limits.derived_max_connections`): every slot."""
 
 
 def _gateway(
@@ -112,7 +117,8 @@ async def test_at_the_connection_cap_with_every_connection_busy_a_new_one_gets_5
     emulator: Process, tmp_path: Path, backend_url: str
 ) -> None:
     cap = 8
-    env = {"LEDGER_MAX_CONNECTIONS": str(cap), "LEDGER_BODY_TIMEOUT_S": "3"}
+    # the stalled bodies are on pace (10 bytes at 1 byte/s: for 10 s); bodies behind it make room (below)
+    env = {"LEDGER_MAX_CONNECTIONS": str(cap), "LEDGER_BODY_TIMEOUT_S": "3", "LEDGER_MIN_BODY_RATE": "1"}
     gw = _gateway(tmp_path, emulator.url, env, db_url=backend_url)  # type: ignore[attr-defined]
     await asyncio.to_thread(gw.start)
     port = gw.port  # type: ignore[attr-defined]
@@ -172,3 +178,39 @@ async def test_trickling_bodies_under_an_fd_limit_lock_calls_out_for_less_than_3
     assert too_slow == outcomes["408"] > 0
     ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
     assert len(ledger.started) == during.count(200) + len(after)  # the tricklers made no calls
+
+
+@pytest.mark.slow
+async def test_bodies_trickled_again_whenever_cut_do_not_keep_calls_out(emulator: Process, tmp_path: Path) -> None:
+    """Issue #52, as the attack ran: at 512 descriptors (a cap of 160), 160 connections trickle a body a byte every
+    5 s and open again as soon as the gateway ends them (a 408 at the minimum rate, or closed for room). Before, a
+    body under way never made room: every call got a 503 for the whole attack. Now the body furthest behind the
+    minimum rate makes room for a new connection: calls are served while it runs."""
+    allow_open_files(REOPENING + 200)
+    gw = _gateway(tmp_path, emulator.url, {}, fd_limit=512)  # type: ignore[attr-defined]
+    await asyncio.to_thread(gw.start)
+    port = gw.port  # type: ignore[attr-defined]
+    loop = asyncio.get_running_loop()
+    try:
+        until = loop.time() + 30
+        tricklers = asyncio.gather(*(reopening_trickler(port, 5.0, until, declared=1000) for _ in range(REOPENING)))
+        await asyncio.sleep(12)  # every trickler began, and the first were cut at the minimum rate and came back
+        calls: list[tuple[int | None, float]] = []
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_keepalive_connections=0)) as http:
+            for i in range(10):
+                began = loop.time()
+                call = await raw_call(http, gw.url, chat_body(f"during {i}", max_tokens=2, stream=i % 2 == 0))  # type: ignore[attr-defined]
+                calls.append((call.status if call.complete else None, loop.time() - began))  # None: cut short
+                await asyncio.sleep(1)
+        assert loop.time() < until  # the calls were made while the attack ran
+        outcomes: Counter[str] = sum(await tricklers, Counter())
+        shed = await _metric(gw.url, "ledger_gateway_connections_shed_total")  # type: ignore[attr-defined]
+    finally:
+        gw.stop()
+    print(f"\nREOPENING TRICKLERS {dict(outcomes)}, shed {shed:.0f}; calls meanwhile {calls}")
+    # at least 9 of 10 served, each well within a few seconds (a correctness bound on a shared box: not starved)
+    served = [took for status, took in calls if status == 200 and took < 5]
+    assert len(served) >= 9, calls
+    assert shed > 0 and set(outcomes) <= {"408", "503", "open", "closed", "reset"}, outcomes
+    ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
+    assert len(ledger.started) == sum(status == 200 for status, _ in calls)  # the tricklers made no calls

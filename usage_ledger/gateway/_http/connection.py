@@ -75,8 +75,9 @@ class HttpConnection(GuardedConnection):
         self.client = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
         server.connections.add(self)
-        server.waiting[self] = None
-        self.deadline = self.loop.time() + self.limits.head_timeout_s
+        now = self.loop.time()
+        server.waiting[self] = now
+        self.deadline = now + self.limits.head_timeout_s
         self._schedule(self.deadline)
 
     def data_received(self, data: bytes) -> None:
@@ -104,8 +105,10 @@ class HttpConnection(GuardedConnection):
                 return
         phase = self.phase
         if phase == BODY:
-            self.last_read = self.loop.time()
+            now = self.last_read = self.loop.time()
             self._schedule(self._body_due())
+            if self.body_ticket is None and (pace := self.pace(now)) is not None:
+                self.server.body_begun(self, pace)
         elif phase == HEAD:
             self._schedule(self.deadline)
         if len(self.requests) > 1 and not self.read_paused and self.transport is not None:
@@ -181,6 +184,7 @@ class HttpConnection(GuardedConnection):
         parser = self.parser
         self.heads += 1
         self.head_received = 0
+        self.body_ticket = None  # a new body: listed by its pace if it takes more than this read
         request.received = time.time()
         self.phase = BODY
         self.last_read = self.body_since = self.loop.time()
@@ -329,11 +333,12 @@ class HttpConnection(GuardedConnection):
             self._dispatch()
         elif self.parsing is None:
             self.phase = IDLE
-            self.deadline = self.loop.time() + self.limits.keepalive_idle_s
+            now = self.loop.time()
+            self.deadline = now + self.limits.keepalive_idle_s
             self._schedule(self.deadline)
             waiting = self.server.waiting
             waiting.pop(self, None)
-            waiting[self] = None  # the most recent to wait: the last to be closed for room
+            waiting[self] = now  # the most recent to wait: the last to be closed for room
 
     async def _wait(self) -> None:
         waiter = self.loop.create_future()

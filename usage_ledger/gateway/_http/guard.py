@@ -70,6 +70,8 @@ class GuardedConnection(asyncio.Protocol):
         """No request began yet: the first head's deadline counts from the connection's start."""
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = 0.0
+        self.body_ticket: int | None = None
+        """The body under way's entry in `ServerState.bodies` (by its pace), once it took more than one read."""
 
     # provided by HttpConnection
     @property
@@ -176,6 +178,16 @@ class GuardedConnection(asyncio.Protocol):
             due = min(due, self.body_since + limits.body_rate_grace_s + (size + 1) / rate)
         return due
 
+    def pace(self, now: float) -> float | None:
+        """When the body under way would be exactly at `min_body_rate` (its grace not counted): before `now`, it is
+        behind by the difference. None: no body whose pace counts (none under way, or no minimum rate)."""
+        rate = self.limits.min_body_rate
+        request = self.parsing
+        if self.phase != BODY or self.closed or not rate or request is None:
+            return None
+        pace = self.body_since + request.size / rate
+        return max(pace, now) if self.read_paused else pace  # a body we do not read is not behind
+
     def _timed_out(self, phase: int) -> None:
         server = self.server
         server.metrics.requests_timed_out += 1
@@ -199,6 +211,14 @@ class GuardedConnection(asyncio.Protocol):
                 f"{size} bytes in {now - self.body_since:.0f} s; the call was not made"
             )
         server.metrics.bodies_too_slow += 1
+        self._cut_body(reason)
+
+    def _cut_body(self, reason: str) -> None:
+        """The body under way is not read further: its request is answered 408 with `reason`, then closed."""
+        server = self.server
+        request = self.parsing
+        size = request.size if request is not None else 0
+        self.bad_status = 408
         self.parsing = None
         self.phase = BUSY
         self.bad_request = reason  # nothing more is read
@@ -214,13 +234,22 @@ class GuardedConnection(asyncio.Protocol):
         self._wake()
 
     def shed(self) -> None:
-        """Closed to make room for a new connection: an idle one silently, one sending its head with a 408."""
+        """Closed to make room for a new connection: an idle one silently, one sending its head or a body behind
+        the minimum rate with a 408."""
         self.server.metrics.connections_shed += 1
         if self.phase == HEAD and self.parsing is not None:
             self.bad_status = 408
             self._malformed(
                 "the request head was not complete when the gateway reached its connection limit "
                 "(LEDGER_MAX_CONNECTIONS); the slowest waiting connection was closed"
+            )
+        elif self.phase == BODY and self.parsing is not None:
+            size, rate = self.parsing.size, self.limits.min_body_rate
+            elapsed = self.loop.time() - self.body_since
+            self._cut_body(
+                f"the request body was behind {rate} bytes/s (LEDGER_MIN_BODY_RATE), {size} bytes in {elapsed:.1f} s, "
+                "when the gateway reached its connection limit (LEDGER_MAX_CONNECTIONS): the body furthest behind "
+                "was closed to make room; the call was not made"
             )
         else:
             self.close()

@@ -16,10 +16,12 @@ Slow and large traffic is bounded (`gateway.limits.ServerLimits`, `_http.guard`)
 must be complete within `head_timeout_s` (else 408); a body may pause at most `body_timeout_s` and
 must average `min_body_rate` once its grace has passed (else 408; the call was never handed over,
 so nothing is recorded); an idle keep-alive connection closes after `keepalive_idle_s`. At
-`max_connections` the connection that has waited longest without a request in progress (idle, or
-still sending its head) is closed to make room; if every one is busy the new connection gets a 503
-and is closed. Request bodies held at once are bounded by `max_request_bytes_in_flight` (a request
-over it: 503).
+`max_connections` the connection that has held its slot longest without doing its part is closed to
+make room: the longest waiting without a request in progress (idle, or still sending its head), or the
+body furthest behind `min_body_rate` (`_http.state`); if every one is busy (requests whole, bodies on
+pace) the new connection gets a 503 and is closed. A request head over `MAX_HEAD_BYTES`, counted as
+it arrives, gets a 431. Request bodies held at once are bounded by `max_request_bytes_in_flight` (a
+request over it: 503).
 
 `HttpServer.shutdown()` stops accepting, closes idle connections, lets requests in flight finish
 (up to a grace period), then closes the rest (their calls are recorded as client disconnects).
