@@ -92,8 +92,9 @@ class ServerState:
     def body_begun(self, conn: _Connection, pace: float) -> None:
         """`conn` is receiving a body over more than one read: listed by its pace, so it can be closed for room."""
         bodies = self.bodies
-        if len(bodies) > 2 * len(self.connections) + 64:  # entries of bodies that ended: drop them now and then
-            bodies[:] = [entry for entry in bodies if entry[2].body_ticket == entry[1]]
+        if len(bodies) > 2 * len(self.connections) + 64:  # entries of bodies that ended (or closed): drop them
+            now = self.loop.time()
+            bodies[:] = [e for e in bodies if e[2].body_ticket == e[1] and e[2].pace(now) is not None]
             heapq.heapify(bodies)
         ticket = conn.body_ticket = next(self._tickets)
         heapq.heappush(bodies, (pace, ticket, conn))
