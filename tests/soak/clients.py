@@ -1,5 +1,5 @@
 """The soak's clients: plain and streamed calls, upstream faults asked for per request, trickling and
-disconnecting clients. Each call leaves a `Call`: what its client saw, and when.
+disconnecting clients, and header lines that never end. Each call leaves a `Call`: what its client saw, and when.
 
 Upstream faults ride on request headers the gateway forwards: `X-Emulator-Fault` (the emulator's own
 switches) and `x-soak-upstream` (tests.soak.relay).
@@ -17,13 +17,14 @@ import httpx
 import msgspec
 
 from tests.reliability.helpers import Outcome, chat_body, raw_call
+from tests.reliability.slow_clients import header_bomb
 
 __all__ = ("RUN", "Call", "ClientMix", "reported_usage")
 
 RUN = "soak"
 
 # (kind, weight): what one client call does
-_KINDS = (("plain", 30), ("stream", 40), ("upstream", 17), ("disconnect", 8), ("trickle", 5))
+_KINDS = (("plain", 28), ("stream", 40), ("upstream", 17), ("disconnect", 8), ("trickle", 5), ("head-bomb", 2))
 # upstream faults: (name, header, value, streamed?)
 _UPSTREAM = (
     ("error-mid-stream", "X-Emulator-Fault", "error-mid-stream={n}", True),
@@ -35,6 +36,7 @@ _UPSTREAM = (
     ("garbage-body", "x-soak-upstream", "garbage-body", False),
     ("reset-before-headers", "x-soak-upstream", "reset", None),
     ("hang-mid-stream", "x-soak-upstream", "hang-mid", True),
+    ("endless-head", "x-soak-upstream", "endless-head", None),
 )
 
 
@@ -75,6 +77,7 @@ class ClientMix:
 
     def __init__(self, url: str, upstream_hang_s: float) -> None:
         self.url = url
+        self.port = int(url.rsplit(":", 1)[1])
         self.upstream_hang_s = upstream_hang_s
 
     async def call(self, http: httpx.AsyncClient, rng: random.Random, n: int) -> Call:
@@ -88,6 +91,8 @@ class ClientMix:
             kind, outcome = await self._upstream(http, rng, n, headers)
         elif kind == "disconnect":
             outcome = await self._disconnect(http, rng, n, headers)
+        elif kind == "head-bomb":
+            outcome = await self._head_bomb()
         else:
             outcome = await self._trickle(http, rng, n, headers)
         return Call(kind=kind, outcome=outcome, began=began, ended=time.time())
@@ -123,6 +128,16 @@ class ClientMix:
         except httpx.HTTPError as exc:
             outcome.error = f"{type(exc).__name__}: {exc}"
         return outcome
+
+    async def _head_bomb(self) -> Outcome:
+        """A request head with one header line that never ends, on a raw socket: answered 431 at the head cap."""
+        try:
+            answer = await header_bomb(self.port, give_up_s=60)
+        except OSError as exc:  # the gateway is restarting
+            return Outcome(error=f"{type(exc).__name__}: {exc}")
+        if answer == "open":  # never answered: a stuck client (`invariants`)
+            return Outcome(error="ReadTimeout: a head that never ends was not answered in 60 s")
+        return Outcome(status=int(answer) if answer.isdigit() else None, complete=answer.isdigit())
 
     async def _trickle(self, http: httpx.AsyncClient, rng: random.Random, n: int, headers: dict[str, str]) -> Outcome:
         """A request body sent in small pieces, and the response read slowly, in small reads."""

@@ -8,6 +8,7 @@ a request carrying `x-soak-upstream: <fault>` (the gateway forwards it like any 
     garbage-body   a 200 whose Content-Length body is random bytes (passed on to the client as is)
     reset          the connection reset (RST) before any byte of the response
     hang-mid       the response relayed up to a few hundred bytes, then nothing until the gateway gives up
+    endless-head   a status line, then one header line that never ends, until the gateway closes (or 64 MiB)
 
 Every other request is relayed with `Connection: close` added, so each request has its own
 connection and a fault never lands on a pooled one by chance.
@@ -24,7 +25,8 @@ from collections import Counter
 
 __all__ = ("FAULTS", "UpstreamRelay")
 
-FAULTS = ("garbage-head", "garbage-body", "reset", "hang-mid")
+FAULTS = ("garbage-head", "garbage-body", "reset", "hang-mid", "endless-head")
+_ENDLESS_LIMIT = 64 * 1024 * 1024
 _HANG_LIMIT_S = 120.0  # a gateway that never gives up on a hung upstream shows as a stuck call
 
 
@@ -113,6 +115,12 @@ class UpstreamRelay:
                 b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (kind, len(body), body)
             )
             await writer.drain()
+        elif fault == "endless-head":
+            writer.write(b"HTTP/1.1 200 OK\r\nx-soak-endless: ")
+            block = b"e" * 65536
+            for _ in range(_ENDLESS_LIMIT // len(block)):  # until the gateway closes: ConnectionError
+                writer.write(block)
+                await writer.drain()
         elif fault == "reset":
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -25,7 +25,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # every fault the soak injects on each backend: the test fails if a short run missed one
 _ENVIRONMENT = {"pg": {"kill", "disk_full", "db_stop", "db_crash"}, "sqlite": {"kill", "disk_full", "db_lock"}}
-_REQUESTS = {"disconnect", "trickle", "upstream:reset-mid-stream", "upstream:garbage-head", "upstream:hang-mid-stream"}
+_REQUESTS = {
+    "disconnect",
+    "trickle",
+    "head-bomb",
+    "upstream:reset-mid-stream",
+    "upstream:garbage-head",
+    "upstream:hang-mid-stream",
+    "upstream:endless-head",
+}
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "pg"])
