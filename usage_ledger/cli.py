@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from litestar import Router
 
@@ -20,10 +20,11 @@ from usage_ledger.commands import ledger as ledger_commands
 from usage_ledger.commands import otel as otel_commands
 from usage_ledger.commands import projections as projections_commands
 from usage_ledger.commands import replay as replay_commands
+from usage_ledger.commands import retention as retention_commands
 from usage_ledger.commands import ui as ui_commands
 from usage_ledger.emulator import register_commands as register_emulator_commands
 from usage_ledger.followers import otel_follower_process, projections_follower_process
-from usage_ledger.gateway import Background
+from usage_ledger.gateway import Background, RetentionPass
 from usage_ledger.ledger import VERSION, Database
 from usage_ledger.settings import Settings
 from usage_ledger.ui import build_ui_routers
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     ledger_commands.register(sub)
-    gateway_commands.register(sub, background=_serve_background, api=_read_api, ui=_dashboard)
+    gateway_commands.register(sub, background=_serve_background, api=_read_api, ui=_dashboard, erase_older=_erase_older)
     projections_commands.register(sub)
     register_emulator_commands(sub)
     ui_commands.register(sub)
@@ -52,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve_background(settings: Settings) -> tuple[Background, ...]:
     """The child processes `ledger serve` keeps beside the gateway: the projections, and the OTel export if asked."""
     return (projections_follower_process, *((otel_follower_process,) if settings.otel.otel_export else ()))
+
+
+async def _erase_older(database: Database, days: float, after_batch: Callable[[int], None]) -> RetentionPass:
+    """`ledger serve --keep-bodies DAYS`: the erasure `ledger redact --before` runs, for the calls older than DAYS."""
+    done = await retention_commands.erase_older(database, days, after_batch=after_batch)
+    return RetentionPass(erased=done.bodies, stored_bytes=done.stored_bytes, kept_shared=done.kept_shared)
 
 
 def _read_api(database: Database, settings: Settings) -> list[Router]:

@@ -42,6 +42,7 @@ from usage_ledger.answers.reports import (
     tickers_report,
     weekday_mean,
 )
+from usage_ledger.answers.retention import BodySelection, ErasurePlan, plan_erasure
 from usage_ledger.answers.zones import in_zone, parse_zone
 
 __all__ = (
@@ -52,10 +53,12 @@ __all__ = (
     "WHEN_SCHEMA",
     "ZONE_NAMES",
     "Agreement",
+    "BodySelection",
     "CallFilter",
     "Comparison",
     "Decision",
     "EraRow",
+    "ErasurePlan",
     "GroupFigures",
     "RunAnswer",
     "agreement_report",
@@ -83,6 +86,7 @@ __all__ = (
     "parse_filter",
     "parse_where",
     "parse_zone",
+    "plan_erasure",
     "recompute_report",
     "regex_extractor",
     "render_comparison",

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from litestar import Router
 
-from usage_ledger.gateway import Background, serve
+from usage_ledger.gateway import Background, EraseOlder, serve
 from usage_ledger.ledger import Database, LedgerError, configure_logging
 from usage_ledger.settings import Settings, load_settings
 
@@ -27,9 +27,11 @@ def register(
     background: BackgroundFactory | None = None,
     api: RoutersFactory | None = None,
     ui: RoutersFactory | None = None,
+    erase_older: EraseOlder | None = None,
 ) -> None:
     """Add `ledger serve`; `background` gives the coroutines that run for the server's life (by the
-    settings), `api` the read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`."""
+    settings), `api` the read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`,
+    `erase_older` what `--keep-bodies` runs."""
     parser = sub.add_parser("serve", help="run the recording gateway in front of an OpenAI-compatible server")
     parser.add_argument("--upstream", metavar="URL", help="upstream base URL (else LEDGER_UPSTREAM)")
     parser.add_argument("--host", help="listen address (default 127.0.0.1)")
@@ -53,6 +55,15 @@ def register(
         help="a request body slower than this after its first 10 s is cut with 408 (default 500; 0: no minimum; "
         "else LEDGER_MIN_BODY_RATE)",
     )
+    if erase_older is not None:
+        parser.add_argument(
+            "--keep-bodies",
+            dest="keep_bodies_days",
+            type=float,
+            metavar="DAYS",
+            help="erase the request and response bodies of calls older than DAYS, in the background (usage and "
+            "the chain stay; else LEDGER_KEEP_BODIES_DAYS)",
+        )
     if background:
         parser.add_argument(
             "--no-projections",
@@ -62,7 +73,9 @@ def register(
             "once elsewhere, e.g. beside several replicas)",
         )
     parser.set_defaults(
-        func=lambda args: _serve(args, None if getattr(args, "no_background", False) else background, api, ui)
+        func=lambda args: _serve(
+            args, None if getattr(args, "no_background", False) else background, api, ui, erase_older
+        )
     )
 
 
@@ -71,10 +84,12 @@ def _serve(
     background: BackgroundFactory | None,
     api: RoutersFactory | None,
     ui: RoutersFactory | None,
+    erase_older: EraseOlder | None,
 ) -> int:
     names = ("upstream", "host", "port", "durability", "database_url", "state_dir", "spool_dir", "min_body_rate")
     try:
-        settings = load_settings(os.environ, {name: getattr(args, name) for name in names})
+        flags = {name: getattr(args, name, None) for name in (*names, "keep_bodies_days")}
+        settings = load_settings(os.environ, flags)
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
         return 2
@@ -86,6 +101,7 @@ def _serve(
         background=background(settings) if background is not None else (),
         api=(lambda database: api(database, settings)) if api is not None else None,
         ui=(lambda database: ui(database, settings)) if ui is not None else None,
+        erase_older=erase_older,
     )
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from usage_ledger.commands.db import register_db
+from usage_ledger.commands.retention import redact_selected
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 from usage_ledger.ledger import (
     CLOCK_SKEW,
@@ -24,6 +25,7 @@ from usage_ledger.ledger import (
     Spool,
     append_events,
     blob_redacted_at,
+    blob_stream,
     chain_head,
     follow_events,
     generate_key,
@@ -109,10 +111,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     replay.set_defaults(func=_spool_replay)
 
-    redact = sub.add_parser("redact", help="erase a stored body (appends blob.redacted first)")
+    redact = sub.add_parser(
+        "redact", help="erase a stored body, or the bodies of a run or older calls (appends blob.redacted first)"
+    )
     add_db_option(redact)
-    redact.add_argument("blob_hash", metavar="HASH")
+    redact.add_argument("blob_hash", metavar="HASH", nargs="?", help="one body, by its hash")
+    redact.add_argument("--before", metavar="DATE", help="the bodies of calls started before DATE (UTC midnight)")
+    redact.add_argument("--run", metavar="RUN", help="the bodies of the run's calls")
     redact.add_argument("--reason", required=True)
+    redact.add_argument(
+        "--include-shared",
+        action="store_true",
+        help="also erase bodies a call outside the selection references (kept otherwise, and counted)",
+    )
+    redact.add_argument("--dry-run", action="store_true", help="say how many calls, bodies and bytes would go")
+    redact.add_argument("--vacuum", action="store_true", help="then give the space back (SQLite: VACUUM)")
     redact.add_argument(
         "--force", action="store_true", help="append blob.redacted even if the hash is unknown or already redacted"
     )
@@ -267,6 +280,19 @@ def _spool_replay(args: argparse.Namespace) -> int:
 
 
 def _redact(args: argparse.Namespace) -> int:
+    by_rule = args.before is not None or args.run is not None
+    if by_rule == (args.blob_hash is not None):
+        print("ledger: error: redact takes a HASH, or --before DATE and/or --run RUN, not both", file=sys.stderr)
+        return 2
+    if by_rule:
+        if args.force:
+            print("ledger: error: --force goes with a HASH, not with --before or --run", file=sys.stderr)
+            return 2
+        return redact_selected(args)
+    if args.include_shared or args.dry_run or args.vacuum:
+        print("ledger: error: --include-shared, --dry-run and --vacuum go with --before or --run", file=sys.stderr)
+        return 2
+
     async def main() -> int:
         settings = settings_from_args(args)
         # Redaction is for client data: the bodies (`request_blob`, `response_blob`). A call's
@@ -295,7 +321,7 @@ def _redact(args: argparse.Namespace) -> int:
                 print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
                 return 0
             await append_events(
-                database, [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=f"blob-{digest}")]
+                database, [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=blob_stream(digest))]
             )
             async with database.engine.begin() as conn:
                 changed = await redact_blob(conn, digest)

@@ -44,6 +44,7 @@ from usage_ledger.gateway.errors import (
 )
 from usage_ledger.gateway.headers import MAX_HEADER_VALUE
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.retention import EraseOlder, RetentionPass
 from usage_ledger.gateway.secrets import is_secret_name
 from usage_ledger.gateway.serve import Background, bind_socket, gateway_app, listening, serve, serve_asgi
 from usage_ledger.gateway.settings import GatewaySettings
@@ -53,11 +54,13 @@ __all__ = (
     "MAX_HEADER_VALUE",
     "Background",
     "BodyTooLarge",
+    "EraseOlder",
     "GatewayApp",
     "GatewayError",
     "GatewaySettings",
     "InvalidLedgerHeader",
     "Metrics",
+    "RetentionPass",
     "SseEvent",
     "SseScanner",
     "Upstream",

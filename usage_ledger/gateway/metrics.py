@@ -73,6 +73,10 @@ class Metrics:
     """Requests answered 503: the request-body budget was full."""
     response_blobs_omitted: int = 0
     """Recorded calls whose response body was not stored (over the stored-body cap or budget)."""
+    bodies_erased: int = 0
+    """Bodies erased by `--keep-bodies` (`gateway.retention`)."""
+    retention_passes: int = 0
+    retention_failures: int = 0
     duration: Histogram = field(default_factory=Histogram)
     """Seconds from request received to call recorded, every call."""
     ttft: Histogram = field(default_factory=Histogram)
@@ -121,6 +125,9 @@ class Metrics:
                 self.refused_unrecorded,
                 "Strict: 503 ledger_unavailable, the call's start durable nowhere (upstream cancelled).",
             ),
+            ("ledger_retention_bodies_erased_total", "counter", self.bodies_erased, "Bodies erased: --keep-bodies."),
+            ("ledger_retention_passes_total", "counter", self.retention_passes, "Retention passes completed."),
+            ("ledger_retention_failures_total", "counter", self.retention_failures, "Retention passes failed."),
             ("ledger_writer_queue_depth", "gauge", queue_depth, "Event batches waiting for the writer."),
             ("ledger_writer_committed_events_total", "counter", committed, "Events committed."),
             ("ledger_writer_spooled_events_total", "counter", spooled, "Events written to the spool."),

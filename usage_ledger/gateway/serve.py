@@ -32,6 +32,7 @@ from usage_ledger.gateway.app import GatewayApp, create_app
 from usage_ledger.gateway.fingerprint_key import FingerprintKey, key_file_path, load_fingerprint_key
 from usage_ledger.gateway.limits import ServerLimits
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.retention import EraseOlder, keep_bodies
 from usage_ledger.gateway.sampler import ServerSampler
 from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.gateway.state import adopt_legacy_state
@@ -82,16 +83,18 @@ async def serve(
     background: Sequence[Background] = (),
     api: ApiFactory | None = None,
     ui: ApiFactory | None = None,
+    erase_older: EraseOlder | None = None,
 ) -> None:
     """Run the gateway until interrupted. `api` builds extra read-API routers once the database is open,
-    `ui` the dashboard's routers (mounted under `/_ledger/ui/`).
+    `ui` the dashboard's routers (mounted under `/_ledger/ui/`), `erase_older` the erasure `keep_bodies_days`
+    runs (`gateway.retention`).
 
     The port is bound first: a start that fails there (a busy port) creates nothing; then the state directory
     (`gateway.state`), the database, the key, the writer and its spool."""
     sock = _bind(settings)
     try:
         adopt_legacy_state(storage, settings, Path.cwd())
-        await _serve_on(sock, settings, storage, background=background, api=api, ui=ui)
+        await _serve_on(sock, settings, storage, background=background, api=api, ui=ui, erase_older=erase_older)
     finally:
         sock.close()
 
@@ -104,6 +107,7 @@ async def _serve_on(
     background: Sequence[Background],
     api: ApiFactory | None,
     ui: ApiFactory | None,
+    erase_older: EraseOlder | None,
 ) -> None:
     database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
     try:
@@ -128,9 +132,18 @@ async def _serve_on(
                 api_routers=api_routers,
                 ui_routers=ui_routers,
             ) as app:
+                retention = []
+                if erase_older is not None and settings.keep_bodies_days is not None:
+                    erasing = keep_bodies(
+                        database, settings.keep_bodies_days, settings.keep_bodies_interval_s, erase_older, app.metrics
+                    )
+                    retention.append(asyncio.create_task(erasing, name="keep-bodies"))
                 freeze_startup_heap()
                 sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-                await _run_server(app, settings, storage, sock)
+                try:
+                    await _run_server(app, settings, storage, sock)
+                finally:
+                    await _stop_tasks(retention)
         finally:
             await _stop_tasks(tasks)
         if checkpointer is not None:

@@ -44,6 +44,11 @@ class GatewaySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # sampling the upstream's /metrics (gateway.sampler, docs/server.md): 0 = off
     server_sample_s: float = 10.0
     server_sample_timeout_s: float = 5.0
+    # retention (gateway.retention, docs/operations.md): unset = bodies are kept
+    keep_bodies_days: _Positive | None = None
+    """Erase the bodies of calls started more than this many days ago (`ledger serve --keep-bodies`)."""
+    keep_bodies_interval_s: _Positive = 3600.0
+    """How often the erasure runs (its first pass at start)."""
 
     def __post_init__(self) -> None:
         if self.admin_token is not None and not self.admin_token.strip():

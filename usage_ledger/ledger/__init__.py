@@ -6,7 +6,15 @@ Imports nothing of gateway/ or projections/; they import it.
 from __future__ import annotations
 
 from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending, translate_db_error
-from usage_ledger.ledger.blobs import blob_hash, blob_redacted_at, read_blob, redact_blob
+from usage_ledger.ledger.blobs import (
+    Erasure,
+    blob_erasures,
+    blob_hash,
+    blob_redacted_at,
+    blob_stream,
+    read_blob,
+    redact_blob,
+)
 from usage_ledger.ledger.checkpoint import (
     generate_key,
     load_signing_key,
@@ -19,6 +27,7 @@ from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
 from usage_ledger.ledger.counts import count_problem, plausible_count, usage_problem
 from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.durable import check_owned, fsync_dir
+from usage_ledger.ledger.erasure import ERASE_BATCH, ErasedBatch, erase_bodies, reclaim_space
 from usage_ledger.ledger.errors import (
     BlobNotFound,
     ConfigError,
@@ -80,6 +89,7 @@ from usage_ledger.ledger.writer import Durable, EventWriter, replay_spool
 __all__ = (
     "CLOCK_SKEW",
     "ENV_PREFIX",
+    "ERASE_BATCH",
     "VERSION",
     "AppendResult",
     "AppendStream",
@@ -96,6 +106,8 @@ __all__ = (
     "Database",
     "DatabaseUnavailable",
     "Durable",
+    "ErasedBatch",
+    "Erasure",
     "Event",
     "EventWriter",
     "LabelsRecorded",
@@ -123,8 +135,10 @@ __all__ = (
     "UsageSource",
     "append_events",
     "appending",
+    "blob_erasures",
     "blob_hash",
     "blob_redacted_at",
+    "blob_stream",
     "call_stream",
     "chain_head",
     "check_owned",
@@ -138,6 +152,7 @@ __all__ = (
     "downgrade_database",
     "downgrade_steps",
     "encode_chunk_gaps",
+    "erase_bodies",
     "follow_events",
     "freeze_startup_heap",
     "fsync_dir",
@@ -155,6 +170,7 @@ __all__ = (
     "read_events",
     "read_key_file",
     "read_stream",
+    "reclaim_space",
     "redact_blob",
     "replay_spool",
     "require_head",

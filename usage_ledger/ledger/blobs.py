@@ -13,10 +13,20 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.errors import BlobNotFound
-from usage_ledger.ledger.events import utc_now
-from usage_ledger.ledger.schema import blobs
+from usage_ledger.ledger.events import BlobRedacted, decode_event, utc_now
+from usage_ledger.ledger.schema import blobs, events
 
-__all__ = ("BlobCompressor", "PreparedBlob", "blob_hash", "blob_redacted_at", "read_blob", "redact_blob")
+__all__ = (
+    "BlobCompressor",
+    "Erasure",
+    "PreparedBlob",
+    "blob_erasures",
+    "blob_hash",
+    "blob_redacted_at",
+    "blob_stream",
+    "read_blob",
+    "redact_blob",
+)
 
 # Bodies shorter than this are stored raw: zstd's frame overhead would make them larger.
 _MIN_COMPRESS = 64
@@ -78,7 +88,10 @@ async def read_blob(conn: AsyncConnection, digest: str) -> bytes:
     if row is None:
         raise BlobNotFound(f"no blob {digest} in the ledger")
     if row.content is None:
-        raise BlobNotFound(f"blob {digest} was redacted at {row.redacted_at.isoformat()}")
+        erasure = (await blob_erasures(conn, [digest])).get(digest)
+        if erasure is None:  # erased without its event: `ledger verify` names that
+            raise BlobNotFound(f"blob {digest} was redacted at {row.redacted_at.isoformat()}")
+        raise BlobNotFound(f"blob {digest} {erasure.describe()}")
     content: bytes = row.content
     return _decompressor.decompress(content) if row.codec == "zstd" else content
 
@@ -100,3 +113,46 @@ async def redact_blob(conn: AsyncConnection, digest: str) -> bool:
         .values(content=None, stored_size=0, redacted_at=utc_now())
     )
     return bool(result.rowcount)
+
+
+def blob_stream(digest: str) -> str:
+    """The stream of a body's `blob.redacted` events: `blob-<hash>` (indexed, so an erasure is found by it)."""
+    return f"blob-{digest}"
+
+
+class Erasure(msgspec.Struct, frozen=True, kw_only=True):
+    """Why and when a body was erased: its first `blob.redacted` event."""
+
+    blob_hash: str
+    reason: str
+    recorded_at: datetime
+    position: int
+
+    def describe(self) -> str:
+        """What readers print instead of the body (`show call`, replay, `labels import --extract`)."""
+        return (
+            f"was erased on {self.recorded_at.date().isoformat()} (blob.redacted at position {self.position}: "
+            f"{self.reason})"
+        )
+
+
+async def blob_erasures(conn: AsyncConnection, digests: Iterable[str]) -> dict[str, Erasure]:
+    """The first `blob.redacted` event of each of `digests` that has one (by their indexed streams)."""
+    wanted = {blob_stream(digest): digest for digest in digests}
+    if not wanted:
+        return {}
+    rows = await conn.execute(
+        select(events.c.position, events.c.recorded_at, events.c.payload)
+        .where(events.c.stream.in_(sorted(wanted)), events.c.type == "blob.redacted")
+        .order_by(events.c.position)
+    )
+    hashes = set(wanted.values())
+    found: dict[str, Erasure] = {}
+    for position, recorded_at, payload in rows:
+        body = decode_event(payload)
+        if isinstance(body, BlobRedacted) and body.blob_hash in hashes:
+            found.setdefault(
+                body.blob_hash,
+                Erasure(blob_hash=body.blob_hash, reason=body.reason, recorded_at=recorded_at, position=position),
+            )
+    return found

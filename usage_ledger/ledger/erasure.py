@@ -1,0 +1,94 @@
+"""Erasing many bodies: a batch's `blob.redacted` events are appended first, then its bytes are erased.
+
+Each batch is two short transactions: the append (through the ledger's one append path, so the append
+lock is held only for that batch's events) and the erasure (an UPDATE the blob triggers allow). A run cut
+between them leaves bodies whose event exists but whose bytes remain; `erase_bodies` on the same hashes
+finishes those without appending again, and skips bodies already erased. Who selects the hashes (a run, an
+age) is the caller's business: the ledger knows bodies, not calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+from sqlalchemy import select, text, update
+
+from usage_ledger.ledger.append import append_events, translate_db_error
+from usage_ledger.ledger.blobs import blob_erasures, blob_stream
+from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.events import BlobRedacted, new_event, utc_now
+from usage_ledger.ledger.schema import blobs
+
+__all__ = ("ERASE_BATCH", "ErasedBatch", "erase_bodies", "reclaim_space")
+
+ERASE_BATCH = 500
+"""Bodies per batch: 500 events are one short append, so a gateway's appends wait milliseconds, not seconds."""
+
+
+class ErasedBatch(msgspec.Struct, frozen=True, kw_only=True):
+    erased: int
+    """Bodies whose bytes this call erased."""
+    stored_bytes: int
+    """What they took in the blob store (compressed)."""
+    resumed: int
+    """Of those, bodies whose `blob.redacted` an interrupted erase had already appended."""
+    already: int
+    """Bodies that were erased before (nothing done)."""
+
+
+async def erase_bodies(database: Database, digests: Sequence[str], reason: str) -> ErasedBatch:
+    """Erase the stored bodies `digests` (at most `ERASE_BATCH` is one short lock), recording why first."""
+    if not reason.strip():
+        raise ValueError("an erasure needs a reason")
+    wanted = sorted(set(digests))
+    try:
+        async with database.engine.connect() as conn:
+            rows = await conn.execute(
+                select(blobs.c.hash, blobs.c.stored_size).where(blobs.c.hash.in_(wanted), blobs.c.redacted_at.is_(None))
+            )
+            present = {digest: int(size) for digest, size in rows}
+            recorded = await blob_erasures(conn, present)
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    missing = [digest for digest in sorted(present) if digest not in recorded]
+    if missing:
+        batch = [new_event(BlobRedacted(blob_hash=d, reason=reason), stream=blob_stream(d)) for d in missing]
+        await append_events(database, batch)
+    erased: list[str] = []
+    if present:
+        try:
+            conn = await database.writer()
+            try:
+                async with conn.begin():
+                    result = await conn.execute(
+                        update(blobs)
+                        .where(blobs.c.hash.in_(sorted(present)), blobs.c.redacted_at.is_(None))
+                        .values(content=None, stored_size=0, redacted_at=utc_now())
+                        .returning(blobs.c.hash)
+                    )
+                    erased = list(result.scalars())
+            finally:
+                await conn.close()
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+    return ErasedBatch(
+        erased=len(erased),
+        stored_bytes=sum(present[digest] for digest in erased),
+        resumed=len(present) - len(missing),
+        already=len(set(wanted)) - len(present),
+    )
+
+
+async def reclaim_space(database: Database) -> None:
+    """Give erased bodies' space back: SQLite rewrites the file (`VACUUM`: every other writer waits, and it
+    needs free disk of the database's size); PostgreSQL's `VACUUM` makes the blob table's space reusable
+    (returning it to the operating system takes `VACUUM FULL`, which locks the table: docs/operations.md)."""
+    statement = "VACUUM" if database.backend == "sqlite" else "VACUUM ledger_blobs"
+    try:
+        async with database.engine.connect() as conn:
+            # neither backend runs VACUUM inside a transaction
+            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await auto.execute(text(statement))
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
