@@ -5,97 +5,22 @@ and leaves verify, the reports and the other runs' bodies as they were; on SQLit
 from __future__ import annotations
 
 import asyncio
-import json
-from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.ledger.helpers import build_ledger, head_of
+from tests.retention_seed import Seeded, bodies_gone
 from usage_ledger.answers import BodySelection
 from usage_ledger.cli import main
 from usage_ledger.commands.retention import erase_selected
 from usage_ledger.ledger import (
-    BlobNotFound,
     BlobRedacted,
-    CallFinished,
-    CallStarted,
-    Database,
-    NewEvent,
-    Timings,
-    Usage,
     append_events,
     blob_erasures,
     blob_stream,
     new_event,
     open_database,
-    read_blob,
 )
-from usage_ledger.ledger.blobs import BlobCompressor, PreparedBlob
-
-DAY0 = datetime(2026, 6, 1, 9, 0, tzinfo=UTC)
-SHARED = b'{"model": "m", "messages": [{"role": "user", "content": "the same prompt in two runs"}]}' * 4
-
-
-def _body(text: str) -> bytes:
-    return json.dumps({"model": "m", "messages": [{"role": "user", "content": text * 40}]}).encode()
-
-
-class Seeded:
-    """Calls of runs `old` (day 0) and `new` (day 10), each with a request and a response body; the first call
-    of each run sends the same request (`SHARED`): one stored body both runs reference."""
-
-    def __init__(self) -> None:
-        self.events: list[NewEvent] = []
-        self.blobs: list[PreparedBlob] = []
-        self.bodies: dict[str, list[str]] = {"old": [], "new": []}
-        self.calls: dict[str, list[str]] = {"old": [], "new": []}
-        self.shared = ""
-        compressor = BlobCompressor()
-        for run, day in (("old", 0), ("new", 10)):
-            for i in range(6):
-                call_id = f"{run}-{i}"
-                start = DAY0 + timedelta(days=day, seconds=30 * i)
-                request = SHARED if i == 0 else _body(f"{run} prompt {i} ")
-                response = _body(f"{run} answer {i} ")
-                hashes = []
-                for data in (request, response):
-                    prepared = compressor.prepare(data)
-                    if prepared is not None:
-                        self.blobs.append(prepared)
-                        compressor.remember([prepared.hash])
-                    hashes.append(prepared.hash if prepared is not None else self.shared)
-                if i == 0 and run == "old":
-                    self.shared = hashes[0]
-                if i != 0:
-                    self.bodies[run].append(hashes[0])
-                self.bodies[run].append(hashes[1])
-                self.calls[run].append(call_id)
-                started = CallStarted(
-                    call_id=call_id,
-                    received_at=start,
-                    method="POST",
-                    path="/v1/chat/completions",
-                    run=run,
-                    tags={"ticker": f"T{i}"},
-                    request_blob=hashes[0],
-                    model="m",
-                )
-                finished = CallFinished(
-                    call_id=call_id,
-                    status=200,
-                    response_blob=hashes[1],
-                    usage=Usage(prompt_tokens=1000 + i, completion_tokens=100 + i, total_tokens=1100 + 2 * i),
-                    usage_source="reported",
-                    timings=Timings(received=start, finished=start + timedelta(seconds=20)),
-                )
-                stream = f"call-{call_id}"
-                self.events += [
-                    new_event(started, stream=stream, occurred_at=start),
-                    new_event(finished, stream=stream, occurred_at=start + timedelta(seconds=20)),
-                ]
-
-    async def __call__(self, database: Database) -> None:
-        await append_events(database, self.events, self.blobs)
 
 
 @pytest.fixture
@@ -103,25 +28,6 @@ def seeded(backend_url: str) -> tuple[str, Seeded]:
     seed = Seeded()
     asyncio.run(build_ledger(backend_url, seed))
     return backend_url, seed
-
-
-def _gone(url: str, digests: list[str]) -> list[bool]:
-    async def run() -> list[bool]:
-        database = open_database(url, null_pool=True)
-        gone = []
-        try:
-            async with database.engine.connect() as conn:
-                for digest in digests:
-                    try:
-                        await read_blob(conn, digest)
-                        gone.append(False)
-                    except BlobNotFound:
-                        gone.append(True)
-        finally:
-            await database.dispose()
-        return gone
-
-    return asyncio.run(run())
 
 
 def _redactions(url: str, digests: list[str]) -> int:
@@ -152,8 +58,8 @@ def test_a_runs_bodies_go_and_everything_else_stays(
     assert "erased 11 bodies of 6 calls" in out
     assert "kept 1 bodies a call outside the selection also references (--include-shared" in out
     assert head_of(url) == head + 11  # one blob.redacted per erased body, appended before the bytes went
-    assert all(_gone(url, seed.bodies["old"]))
-    assert not any(_gone(url, [*seed.bodies["new"], seed.shared]))
+    assert all(bodies_gone(url, seed.bodies["old"]))
+    assert not any(bodies_gone(url, [*seed.bodies["new"], seed.shared]))
     assert main(["verify", "--db", url]) == 0
     capsys.readouterr()
     assert _report(url, capsys) == report  # usage is not in the bodies: the reports are byte-identical
@@ -166,7 +72,7 @@ def test_a_runs_bodies_go_and_everything_else_stays(
     assert main(["redact", "--run", "old", "--reason", "customer asked", "--include-shared", "--db", url]) == 0
     out = capsys.readouterr().out
     assert "erased 1 bodies of 6 calls" in out and "11 bodies were erased before" in out
-    assert _gone(url, [seed.shared]) == [True]
+    assert bodies_gone(url, [seed.shared]) == [True]
     assert main(["verify", "--db", url]) == 0
     capsys.readouterr()
     assert _report(url, capsys) == report
@@ -178,7 +84,7 @@ def test_dry_run_counts_and_changes_nothing(seeded: tuple[str, Seeded], capsys: 
     assert main(["redact", "--before", "2026-06-05", "--reason", "90 days", "--dry-run", "--db", url]) == 0
     out = capsys.readouterr().out
     assert out.startswith("would erase 11 bodies of 6 calls (") and "uncompressed" in out and "kept 1 bodies" in out
-    assert head_of(url) == head and not any(_gone(url, seed.bodies["old"]))
+    assert head_of(url) == head and not any(bodies_gone(url, seed.bodies["old"]))
 
 
 def test_before_a_date_selects_the_older_calls(seeded: tuple[str, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
@@ -187,8 +93,8 @@ def test_before_a_date_selects_the_older_calls(seeded: tuple[str, Seeded], capsy
     # all of `old`, and the two calls of `new` before 09:01:00 (its first three bodies): the shared body too,
     # since every call that references it is selected
     assert "erased 15 bodies of 8 calls" in capsys.readouterr().out
-    assert all(_gone(url, [*seed.bodies["old"], seed.shared, *seed.bodies["new"][:3]]))
-    assert not any(_gone(url, seed.bodies["new"][3:]))
+    assert all(bodies_gone(url, [*seed.bodies["old"], seed.shared, *seed.bodies["new"][:3]]))
+    assert not any(bodies_gone(url, seed.bodies["new"][3:]))
     assert main(["verify", "--db", url]) == 0
 
 
@@ -233,14 +139,16 @@ def test_an_interrupted_erase_is_finished_by_running_it_again(
             await database.dispose()
 
     asyncio.run(interrupted())
-    remaining = [d for d, gone in zip(seed.bodies["old"], _gone(url, seed.bodies["old"]), strict=True) if not gone]
+    remaining = [
+        d for d, gone in zip(seed.bodies["old"], bodies_gone(url, seed.bodies["old"]), strict=True) if not gone
+    ]
     asyncio.run(events_only(remaining[:3]))
-    assert _gone(url, seed.bodies["old"]).count(True) == 4
+    assert bodies_gone(url, seed.bodies["old"]).count(True) == 4
     head = head_of(url)
     assert main(["redact", "--run", "old", "--reason", "gdpr", "--db", url]) == 0
     out = capsys.readouterr().out
     assert "erased 7 bodies" in out and "4 bodies were erased before" in out
     assert "3 bodies finished whose blob.redacted an interrupted erase had appended" in out
     assert head_of(url) == head + 4  # only the 4 bodies without an event got one
-    assert all(_gone(url, seed.bodies["old"])) and _redactions(url, seed.bodies["old"]) == 11
+    assert all(bodies_gone(url, seed.bodies["old"])) and _redactions(url, seed.bodies["old"]) == 11
     assert main(["verify", "--db", url]) == 0
