@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -229,9 +230,23 @@ async def test_redacted_and_imported_calls_are_skipped_and_counted(
     assert imported.returncode == 0, imported.stderr
     result = _replay(backend_url, tmp_path, RUN, "--upstream", _url(moe))
     assert result.returncode == 0, result.stderr
-    assert f"3 of its {CALLS + 1} calls skipped (2 request body redacted, 1 imported call" in result.stdout
+    # the skip says when and why the bodies went (their blob.redacted events)
+    skipped = rf"3 of its {CALLS + 1} calls skipped \(2 request body redacted on \d{{4}}-\d\d-\d\d \(test\), 1 imported"
+    assert re.search(skipped, result.stdout), result.stdout
     replay = await _calls(recorded, f"{RUN}-replay-1")
     assert sorted(c.tags["step"] for c in replay) == sorted(c.tags["step"] for c in original[2:])
+
+
+async def test_a_run_whose_bodies_were_erased_is_refused_with_the_reason(
+    recorded: Database, moe: Process, backend_url: str, tmp_path: Path
+) -> None:
+    erased = _ledger("redact", "--run", RUN, "--reason", "retention: 90 days", "--db", backend_url)
+    assert erased.returncode == 0, erased.stderr
+    result = _replay(backend_url, tmp_path, RUN, "--upstream", _url(moe))
+    assert result.returncode == 2
+    reason = rf"nothing to replay, {CALLS} of its {CALLS} calls skipped \({CALLS} request body redacted on "
+    assert re.search(reason + r"\d{4}-\d\d-\d\d \(retention: 90 days\)\)", result.stderr), result.stderr
+    assert [r.run for r in await runs_report(recorded)] == [RUN]  # nothing was recorded
 
 
 async def test_bad_usage_exits_2(recorded: Database, moe: Process, backend_url: str, tmp_path: Path) -> None:

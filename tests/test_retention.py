@@ -5,6 +5,7 @@ and leaves verify, the reports and the other runs' bodies as they were; on SQLit
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 
 import pytest
 
@@ -151,4 +152,15 @@ def test_an_interrupted_erase_is_finished_by_running_it_again(
     assert "3 bodies finished whose blob.redacted an interrupted erase had appended" in out
     assert head_of(url) == head + 4  # only the 4 bodies without an event got one
     assert all(bodies_gone(url, seed.bodies["old"])) and _redactions(url, seed.bodies["old"]) == 11
+    assert main(["verify", "--db", url]) == 0
+
+
+def test_vacuum_gives_the_space_back(seeded: tuple[str, Seeded], capsys: pytest.CaptureFixture[str]) -> None:
+    url, seed = seeded
+    assert main(["redact", "--run", "old", "--reason", "gdpr", "--vacuum", "--db", url]) == 0
+    assert "space given back (VACUUM)" in capsys.readouterr().out
+    assert all(bodies_gone(url, seed.bodies["old"])) and not any(bodies_gone(url, seed.bodies["new"]))
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            assert conn.execute("PRAGMA freelist_count").fetchone() == (0,)  # no free page left in the file
     assert main(["verify", "--db", url]) == 0

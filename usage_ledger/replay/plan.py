@@ -23,7 +23,16 @@ from sqlalchemy import select
 
 from usage_ledger.answers import iter_calls
 from usage_ledger.gateway import is_secret_name
-from usage_ledger.ledger import BlobNotFound, CallStarted, Database, call_stream, decode_event, read_blob
+from usage_ledger.ledger import (
+    BlobNotFound,
+    CallStarted,
+    Database,
+    Erasure,
+    blob_erasures,
+    call_stream,
+    decode_event,
+    read_blob,
+)
 from usage_ledger.ledger.schema import blobs, events
 from usage_ledger.projections import CallView
 
@@ -116,7 +125,7 @@ async def plan_replay(
 
 
 def _request(
-    view: CallView, started: CallStarted | None, stored: dict[str, bool], model: str | None
+    view: CallView, started: CallStarted | None, stored: dict[str, SkipReason | None], model: str | None
 ) -> tuple[ReplayRequest | None, SkipReason]:
     if started is None:
         return None, IMPORTED
@@ -124,8 +133,9 @@ def _request(
         return None, NO_BODY
     if started.request_blob not in stored:
         return None, NOT_STORED
-    if not stored[started.request_blob]:
-        return None, REDACTED
+    gone = stored[started.request_blob]
+    if gone is not None:
+        return None, gone
     headers = [
         (name, value)
         for name, value in started.request_headers
@@ -157,13 +167,22 @@ async def _started_events(database: Database, call_ids: list[str]) -> dict[str, 
     return {event.call_id: event for event in found if isinstance(event, CallStarted)}
 
 
-async def _stored_blobs(database: Database, digests: list[str]) -> dict[str, bool]:
-    """For each stored blob: True if its content is still there, False if it was redacted."""
+async def _stored_blobs(database: Database, digests: list[str]) -> dict[str, SkipReason | None]:
+    """For each stored blob: None if its content is still there, else why not (when and why it was erased)."""
     if not digests:
         return {}
     query = select(blobs.c.hash, blobs.c.redacted_at).where(blobs.c.hash.in_(sorted(set(digests))))
     async with database.engine.connect() as conn:
-        return {digest: redacted_at is None for digest, redacted_at in (await conn.execute(query)).all()}
+        rows = (await conn.execute(query)).all()
+        erasures = await blob_erasures(conn, [digest for digest, redacted_at in rows if redacted_at is not None])
+    return {digest: None if redacted_at is None else _redacted(erasures.get(digest)) for digest, redacted_at in rows}
+
+
+def _redacted(erasure: Erasure | None) -> SkipReason:
+    """`REDACTED`, with the day and the reason of its `blob.redacted` event (`ledger redact`, retention)."""
+    if erasure is None:
+        return REDACTED
+    return f"{REDACTED} on {erasure.recorded_at.date().isoformat()} ({erasure.reason})"
 
 
 async def load_body(database: Database, request: ReplayRequest, model: str | None) -> bytes | SkipReason:
@@ -171,8 +190,8 @@ async def load_body(database: Database, request: ReplayRequest, model: str | Non
     try:
         async with database.engine.connect() as conn:
             body = await read_blob(conn, request.body_blob)
-    except BlobNotFound as exc:
-        return REDACTED if "redacted" in str(exc) else NOT_STORED
+    except BlobNotFound:
+        return (await _stored_blobs(database, [request.body_blob])).get(request.body_blob) or NOT_STORED
     if model is None:
         return body
     rewritten = with_model(body, model)
