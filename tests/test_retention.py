@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,17 @@ def test_vacuum_gives_the_space_back(seeded: tuple[str, Seeded], capsys: pytest.
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
             assert conn.execute("PRAGMA freelist_count").fetchone() == (0,)  # no free page left in the file
     assert main(["verify", "--db", url]) == 0
+
+
+def test_a_checkpoint_signed_before_the_erasure_still_verifies(
+    seeded: tuple[str, Seeded], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = seeded
+    key, checkpoint = tmp_path / "key", tmp_path / "checkpoint.txt"
+    assert main(["keygen", "--out", str(key)]) == 0
+    assert main(["checkpoint", "--key", str(key), "--out", str(checkpoint), "--db", url]) == 0
+    assert main(["redact", "--before", "2026-07-01", "--reason", "90 days", "--include-shared", "--db", url]) == 0
+    capsys.readouterr()
+    assert main(["verify", "--checkpoint", str(checkpoint), "--pubkey", f"{key}.pub", "--db", url]) == 0
+    out = capsys.readouterr().out
+    assert "checkpoint" in out and "the ledger contains its head" in out and "blobs intact" in out
