@@ -31,7 +31,9 @@ from tests.projections.decide_trace import (
     write_labels,
     write_returns,
 )
+from usage_ledger.answers import BodySelection
 from usage_ledger.answers.decide import decide
+from usage_ledger.commands.retention import erase_selected
 from usage_ledger.imports.label_import import extract_labels, import_labels, import_returns
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.schema import events
@@ -171,6 +173,19 @@ async def test_extract_reads_the_stored_answers(database: Database) -> None:
     assert result.between.qwk == pytest.approx(sk_qwk(labels["moe-1"], labels["dense-1"]))
     with pytest.raises(ProjectionError, match="found no label"):
         await extract_labels(database, "moe-2", r"Verdict: (\w+)")
+
+
+async def test_extract_from_erased_answers_says_when_and_why_they_went(database: Database) -> None:
+    await append_trace(database, build_labels())
+    gone = await erase_selected(database, BodySelection(run="moe-1"), "retention: 90 days")
+    assert gone.bodies > 0
+    with pytest.raises(
+        ProjectionError,
+        match=r"without a label: redacted.* answer\(s\) erased on \d{4}-\d\d-\d\d "
+        r"\(retention: 90 days\)",
+    ):
+        await extract_labels(database, "moe-1", EXTRACT)
+    assert (await extract_labels(database, "dense-1", EXTRACT)).appended  # another run's answers are all there
 
 
 async def test_a_new_extraction_withdraws_the_labels_it_no_longer_finds(database: Database) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.answers._aggregate import run_filter
 from usage_ledger.answers.agreement_text import LabelExtractor, assistant_text, decoded_body
 from usage_ledger.answers.reports import live_versions
-from usage_ledger.ledger import BlobNotFound, Database, blob_redacted_at, call_stream, read_blob
+from usage_ledger.ledger import BlobNotFound, Database, blob_erasures, blob_redacted_at, call_stream, read_blob
 from usage_ledger.ledger.schema import events
 from usage_ledger.projections import NotFound, ProjectionError
 from usage_ledger.projections.tables import calls
@@ -58,6 +58,8 @@ class RunLabels(msgspec.Struct, frozen=True, kw_only=True):
     """The answers the extractor gave up on, as `key (call id)`."""
     unmatched: list[str] = []
     """The keys whose answers were all read and none holds a label (`no match`): they have none now."""
+    erased: dict[str, int] = {}
+    """When keys are `redacted`: the run's erased answers by when and why (`erased on DATE (REASON)`)."""
 
     @property
     def keys(self) -> int:
@@ -189,6 +191,13 @@ async def _run_labels(
             unlabelled[why] = unlabelled.get(why, 0) + 1
             if why == "no match" and not given_up:
                 unmatched.append(value)
+    erased: dict[str, int] = {}
+    if "redacted" in unlabelled:
+        answers = sorted({blob for rows in by_key.values() for *_, blob in rows if blob is not None})
+        for start in range(0, len(answers), 500):
+            for erasure in (await blob_erasures(conn, answers[start : start + 500])).values():
+                when = f"erased on {erasure.recorded_at.date().isoformat()} ({erasure.reason})"
+                erased[when] = erased.get(when, 0) + 1
     return RunLabels(
         run=run,
         labels=labels,
@@ -196,6 +205,7 @@ async def _run_labels(
         calls_without_key=without_key,
         timed_out=timed_out,
         unmatched=unmatched,
+        erased=erased,
     )
 
 

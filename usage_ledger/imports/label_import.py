@@ -179,6 +179,7 @@ async def extract_labels(
     )
     labels = [RecordedLabel(run=run, key=name, label=label) for name, label in sorted(found.labels.items())]
     warnings = [f"{run}: {n} {key}(s) without a label: {why}" for why, n in sorted(found.unlabelled.items())]
+    warnings += [f"{run}: {n} answer(s) {when}" for when, n in sorted(found.erased.items())]
     if labels and found.unmatched:
         # read, and no label in them: an earlier label of these keys no longer holds (an empty label withdraws it)
         labels = sorted(
