@@ -6,23 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.ledger.helpers import build_ledger, head_of
-from tests.retention_seed import Seeded, bodies_gone
+from tests.retention_seed import DAY0, Seeded, bodies_gone
 from usage_ledger.answers import BodySelection
 from usage_ledger.cli import main
 from usage_ledger.commands.retention import erase_selected
 from usage_ledger.ledger import (
     BlobRedacted,
+    CallStarted,
     append_events,
     blob_erasures,
     blob_stream,
     new_event,
     open_database,
 )
+from usage_ledger.projections import catch_up_all
 
 
 @pytest.fixture
@@ -179,3 +182,31 @@ def test_a_checkpoint_signed_before_the_erasure_still_verifies(
     assert main(["verify", "--checkpoint", str(checkpoint), "--pubkey", f"{key}.pub", "--db", url]) == 0
     out = capsys.readouterr().out
     assert "checkpoint" in out and "the ledger contains its head" in out and "blobs intact" in out
+
+
+def test_a_body_a_call_not_yet_folded_reuses_is_kept(seeded: tuple[str, Seeded]) -> None:
+    """The gateway's pass reads the read model as its follower left it: a call recorded since, reusing an old
+    prompt (a replay), is outside the selection, so the body stays."""
+    url, seed = seeded
+    reused = seed.bodies["old"][0]  # old-1's request
+
+    async def run() -> int:
+        database = open_database(url, null_pool=True)
+        try:
+            await catch_up_all(database)
+            started = CallStarted(
+                call_id="replayed-1",
+                received_at=DAY0 + timedelta(days=200),
+                method="POST",
+                path="/v1/chat/completions",
+                run="replay",
+                request_blob=reused,
+            )
+            await append_events(database, [new_event(started, stream="call-replayed-1")])
+            done = await erase_selected(database, BodySelection(run="old"), "gdpr", refresh=False)
+            return done.kept_shared
+        finally:
+            await database.dispose()
+
+    assert asyncio.run(run()) == 2  # the body both runs share, and the one the new call reuses
+    assert bodies_gone(url, seed.bodies["old"]) == [False] + [True] * 10

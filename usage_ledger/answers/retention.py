@@ -94,20 +94,25 @@ class ErasurePlan:
 
     async def referenced_since(self, database: Database, digests: Iterable[str]) -> set[str]:
         """Which of `digests` a call recorded after the plan references (it is outside the selection)."""
-        query = (
-            select(events.c.position, events.c.payload)
-            .where(events.c.position > self._seen, events.c.type.in_(("call.started", "call.finished")))
-            .order_by(events.c.position)
-        )
         async with database.engine.connect() as conn:
-            for position, payload in await conn.execute(query):
-                body = decode_event(payload)
-                if isinstance(body, CallStarted) and body.request_blob:
-                    self._referenced.add(body.request_blob)
-                elif isinstance(body, CallFinished) and body.response_blob:
-                    self._referenced.add(body.response_blob)
-                self._seen = position
-        return self._referenced.intersection(digests)
+            while True:
+                page = (
+                    await conn.execute(
+                        select(events.c.position, events.c.payload)
+                        .where(events.c.position > self._seen, events.c.type.in_(("call.started", "call.finished")))
+                        .order_by(events.c.position)
+                        .limit(_WRITE_CHUNK)
+                    )
+                ).all()
+                for position, payload in page:
+                    body = decode_event(payload)
+                    if isinstance(body, CallStarted) and body.request_blob:
+                        self._referenced.add(body.request_blob)
+                    elif isinstance(body, CallFinished) and body.response_blob:
+                        self._referenced.add(body.response_blob)
+                    self._seen = position
+                if len(page) < _WRITE_CHUNK:
+                    return self._referenced.intersection(digests)
 
     def close(self) -> None:
         self._db.close()
