@@ -22,7 +22,7 @@ import msgspec
 from sqlalchemy import ColumnElement, and_, case, func, select, true, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger import CallFinished, CallStarted, Database, decode_event
+from usage_ledger.ledger import CallFailed, CallFinished, CallStarted, Database, decode_event
 from usage_ledger.ledger.schema import blobs, events
 from usage_ledger.projections import catch_up_all, live_version, read_checkpoint
 from usage_ledger.projections.tables import calls
@@ -30,6 +30,8 @@ from usage_ledger.projections.tables import calls
 __all__ = ("BodySelection", "ErasurePlan", "plan_erasure")
 
 _WRITE_CHUNK = 5000
+_REFERENCING = ("call.started", "call.finished", "call.failed")
+"""The events that name a body (`request_blob`, `response_blob`)."""
 
 
 class BodySelection(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,7 +101,7 @@ class ErasurePlan:
                 page = (
                     await conn.execute(
                         select(events.c.position, events.c.payload)
-                        .where(events.c.position > self._seen, events.c.type.in_(("call.started", "call.finished")))
+                        .where(events.c.position > self._seen, events.c.type.in_(_REFERENCING))
                         .order_by(events.c.position)
                         .limit(_WRITE_CHUNK)
                     )
@@ -108,7 +110,7 @@ class ErasurePlan:
                     body = decode_event(payload)
                     if isinstance(body, CallStarted) and body.request_blob:
                         self._referenced.add(body.request_blob)
-                    elif isinstance(body, CallFinished) and body.response_blob:
+                    elif isinstance(body, (CallFinished, CallFailed)) and body.response_blob:
                         self._referenced.add(body.response_blob)
                     self._seen = position
                 if len(page) < _WRITE_CHUNK:
