@@ -101,6 +101,7 @@ EXPORTED = {
         "redact_blob",
         "replay_spool",
         "require_head",
+        "require_head_in_step",
         "revision_history",
         "sign_checkpoint",
         "snapshot",

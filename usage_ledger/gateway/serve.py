@@ -47,6 +47,7 @@ from usage_ledger.ledger import (
     freeze_startup_heap,
     open_database,
     require_head,
+    require_head_in_step,
     wait_up_to,
 )
 
@@ -113,6 +114,7 @@ async def _serve_on(
     try:
         try:
             await require_head(database)
+            await require_head_in_step(database)  # appending onto a head out of step would gap or fork the chain
         except DatabaseUnavailable as exc:
             log.warning("database_unavailable_at_start", error=str(exc), spool=storage.spool_dir)
         # an unusable key file stops the start (exit 2)

@@ -80,8 +80,8 @@ from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, 
 from usage_ledger.ledger.settings import ENV_PREFIX, LogSettings, StorageSettings
 from usage_ledger.ledger.spool import Spool
 from usage_ledger.ledger.sqlite_append import SqliteWrite
-from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, verify_chain
-from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, snapshot, verify_ledger
+from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, require_head_in_step, snapshot, verify_chain
+from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, verify_ledger
 from usage_ledger.ledger.version import VERSION
 from usage_ledger.ledger.waiting import wait_up_to
 from usage_ledger.ledger.writer import Durable, EventWriter, replay_spool
@@ -174,6 +174,7 @@ __all__ = (
     "redact_blob",
     "replay_spool",
     "require_head",
+    "require_head_in_step",
     "revision_history",
     "sign_checkpoint",
     "snapshot",

@@ -6,8 +6,10 @@ not the triggers were bypassed. `recorded_at` is not in the chain hash (the form
 events cannot change), so it is checked against its neighbours instead: never more than the clock
 skew before an earlier row's `recorded_at` or before its own `occurred_at` (imports excepted: their
 `occurred_at` is history), never after now. A signed checkpoint commits to every `recorded_at` up
-to its size exactly (`verify_ledger`). Cutting rows off the *end* leaves a shorter valid chain:
-compare the head with an anchor kept elsewhere (`--expect-head`, or a signed checkpoint).
+to its size exactly (`verify_ledger`). The `ledger_head` row, which appenders chain onto, must name the
+last row (`head_problem`): rows cut off the end with the head row left, or a moved head row, would have the
+next append leave a gap or fork. Rows cut off the end with the head row moved back too leave a shorter valid
+chain: compare the head with an anchor kept elsewhere (`--expect-head`, or a signed checkpoint).
 """
 
 from __future__ import annotations
@@ -20,13 +22,24 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from usage_ledger.ledger.append import translate_db_error
 from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.errors import LedgerError
 from usage_ledger.ledger.events import Event, decode_event, event_type, utc_now
 from usage_ledger.ledger.read import STORED_COLUMNS
-from usage_ledger.ledger.schema import events
+from usage_ledger.ledger.schema import events, head
 
-__all__ = ("CLOCK_SKEW", "ChainObserver", "ChainReport", "verify_chain", "verify_chain_on")
+__all__ = (
+    "CLOCK_SKEW",
+    "ChainObserver",
+    "ChainReport",
+    "head_problem",
+    "require_head_in_step",
+    "snapshot",
+    "verify_chain",
+    "verify_chain_on",
+)
 
 CLOCK_SKEW = timedelta(seconds=120)
 """How far clocks may disagree: SQLite takes `recorded_at` before waiting up to 30 s for the write
@@ -56,8 +69,20 @@ async def verify_chain(
     clock_skew: timedelta = CLOCK_SKEW,
 ) -> ChainReport:
     """Verify the whole chain in one read transaction (a consistent snapshot)."""
-    async with database.engine.connect() as conn:
+    conn = await snapshot(database)
+    try:
         return await verify_chain_on(conn, page_size, expect_head, clock_skew=clock_skew)
+    finally:
+        await conn.close()
+
+
+async def snapshot(database: Database) -> AsyncConnection:
+    """A read connection whose statements all see one snapshot (REPEATABLE READ on PostgreSQL;
+    SQLite's BEGIN holds its WAL snapshot from the first read): the events and the head row agree in it."""
+    conn = await database.engine.connect()
+    if database.backend == "postgresql":
+        conn = await conn.execution_options(isolation_level="REPEATABLE READ")
+    return conn
 
 
 async def verify_chain_on(
@@ -68,7 +93,8 @@ async def verify_chain_on(
     clock_skew: timedelta = CLOCK_SKEW,
     observer: ChainObserver | None = None,
 ) -> ChainReport:
-    """Verify the chain as `conn` sees it (tests use this to verify inside a rolled-back transaction)."""
+    """Verify the chain as `conn` sees it, and that the head row names its last row (`conn` must see one
+    snapshot: `snapshot`; tests verify inside a rolled-back transaction)."""
     previous = GENESIS_HASH
     expected_position = 1
     checked = 0
@@ -113,18 +139,70 @@ async def verify_chain_on(
         if len(rows) < page_size:
             break
         after = rows[-1][0]
-    head = expected_position - 1
-    if expect_head is not None and (head, previous) != expect_head:
+    last = expected_position - 1
+    out_of_step = await head_problem(conn, last, previous)
+    if out_of_step is not None:
+        bad, problem = out_of_step
+        return ChainReport(
+            ok=False,
+            checked=checked,
+            head_position=last,
+            head_hash=previous,
+            first_bad_position=bad,
+            problem=problem,
+        )
+    if expect_head is not None and (last, previous) != expect_head:
         position, digest = expect_head
         return ChainReport(
             ok=False,
             checked=checked,
-            head_position=head,
+            head_position=last,
             head_hash=previous,
-            first_bad_position=min(position, head + 1),
-            problem=f"head is {head}:{previous}, the anchor says {position}:{digest} (rows cut from the end?)",
+            first_bad_position=min(position, last + 1),
+            problem=f"head is {last}:{previous}, the anchor says {position}:{digest} (rows cut from the end?)",
         )
-    return ChainReport(ok=True, checked=checked, head_position=head, head_hash=previous)
+    return ChainReport(ok=True, checked=checked, head_position=last, head_hash=previous)
+
+
+async def head_problem(conn: AsyncConnection, last_position: int, last_hash: str) -> tuple[int, str] | None:
+    """(first bad position, what is wrong) when the `ledger_head` row, which the next append chains onto, does
+    not name the last stored event (`last_position` 0 and the genesis hash when there is none); else None."""
+    row = (await conn.execute(select(head.c.position, head.c.hash).where(head.c.id == 1))).first()
+    if row is None:
+        return last_position + 1, "the ledger has no head row (ledger_head): run `ledger db upgrade`"
+    position, digest = int(row.position), str(row.hash)
+    if (position, digest) == (last_position, last_hash):
+        return None
+    said = f"ledger_head says {position}:{digest}, the last event is {last_position}:{last_hash}"
+    if position > last_position:
+        return last_position + 1, f"{said}: events were cut from the end (the next append would leave a gap)"
+    if position < last_position:
+        return position + 1, f"{said}: the head row was moved back (the next append would collide with stored events)"
+    return position, f"{said}: the head row was edited (the next append would fork the chain)"
+
+
+async def require_head_in_step(database: Database) -> None:
+    """Raise `LedgerError` unless the head row names the last stored event (a gateway checks this at start:
+    appending onto a head out of step would write a gap or a fork into the chain). Reads two rows only."""
+    try:
+        conn = await snapshot(database)
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    try:
+        tail = (
+            await conn.execute(select(events.c.position, events.c.hash).order_by(events.c.position.desc()).limit(1))
+        ).first()
+        last = (int(tail.position), str(tail.hash)) if tail is not None else (0, GENESIS_HASH)
+        out_of_step = await head_problem(conn, *last)
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    finally:
+        await conn.close()
+    if out_of_step is not None:
+        raise LedgerError(
+            f"the ledger {database.safe_url} is out of step with its head row: {out_of_step[1]}; run `ledger verify` "
+            "and repair it before appending (docs/operations.md, Several gateways)"
+        )
 
 
 class _RecordedClock:

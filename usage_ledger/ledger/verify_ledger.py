@@ -27,10 +27,10 @@ from usage_ledger.ledger.checkpoint import (
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import Event
 from usage_ledger.ledger.schema import events
-from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, verify_chain_on
+from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, snapshot, verify_chain_on
 from usage_ledger.ledger.verify_blobs import BlobReferences, BlobReport, audit_blobs
 
-__all__ = ("CheckpointCheck", "LedgerReport", "chain_head", "ledger_origin", "snapshot", "verify_ledger")
+__all__ = ("CheckpointCheck", "LedgerReport", "chain_head", "ledger_origin", "verify_ledger")
 
 
 class CheckpointCheck(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,15 +55,6 @@ class LedgerReport(msgspec.Struct, frozen=True, kw_only=True):
     """None when the chain is broken: references past the break are not verified."""
     checkpoints: list[CheckpointCheck] = []
     origin: str | None = None
-
-
-async def snapshot(database: Database) -> AsyncConnection:
-    """A read connection whose statements all see one snapshot (REPEATABLE READ on PostgreSQL;
-    SQLite's BEGIN holds its WAL snapshot from the first read)."""
-    conn = await database.engine.connect()
-    if database.backend == "postgresql":
-        conn = await conn.execution_options(isolation_level="REPEATABLE READ")
-    return conn
 
 
 async def verify_ledger(
