@@ -108,7 +108,7 @@ def test_every_layer_owns_its_settings_and_the_variables_keep_their_names() -> N
         "otel": "usage_ledger.otel.settings",
     }
     fields = [f for name in Settings.__struct_fields__ for f in type(getattr(Settings(), name)).__struct_fields__]
-    assert len(fields) == len(set(fields)) == 38  # + state_dir, min_body_rate (wave 3); keep_bodies_days, _interval_s
+    assert len(fields) == len(set(fields)) == 40  # + state_dir, min_body_rate (wave 3); keep_bodies_*, pg_*_timeout_s
     documented = set(re.findall(r"`(LEDGER_[A-Z_]+)`", (REPO / "docs" / "configuration.md").read_text()))
     assert {f"LEDGER_{f.upper()}" for f in fields} <= documented
 

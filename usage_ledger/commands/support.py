@@ -40,7 +40,12 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 async def open_checked(settings: Settings) -> Database:
     """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
     storage = settings.storage
-    database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
+    database = open_database(
+        storage.database_url,
+        sqlite_synchronous=storage.sqlite_synchronous,
+        pg_lock_timeout_s=storage.pg_lock_timeout_s,
+        pg_idle_in_transaction_timeout_s=storage.pg_idle_in_transaction_timeout_s,
+    )
     try:
         await require_head(database)
     except BaseException:

@@ -110,7 +110,12 @@ async def _serve_on(
     ui: ApiFactory | None,
     erase_older: EraseOlder | None,
 ) -> None:
-    database = open_database(storage.database_url, sqlite_synchronous=storage.sqlite_synchronous)
+    database = open_database(
+        storage.database_url,
+        sqlite_synchronous=storage.sqlite_synchronous,
+        pg_lock_timeout_s=storage.pg_lock_timeout_s,
+        pg_idle_in_transaction_timeout_s=storage.pg_idle_in_transaction_timeout_s,
+    )
     try:
         try:
             await require_head(database)

@@ -76,12 +76,19 @@ def async_url(url: str) -> tuple[str, Backend]:
 
 
 def open_database(
-    url: str, *, null_pool: bool = False, sqlite_synchronous: str = "full", **engine_kwargs: Any
+    url: str,
+    *,
+    null_pool: bool = False,
+    sqlite_synchronous: str = "full",
+    pg_lock_timeout_s: float = 2.0,
+    pg_idle_in_transaction_timeout_s: float = 5.0,
+    **engine_kwargs: Any,
 ) -> Database:
     """Create the engine (no I/O yet); connection errors surface on first use.
 
     `sqlite_synchronous`: `full` (a commit is on disk when it returns) or `normal` (WAL commits
     survive a process crash but the last ones may be lost on power failure; no fsync per commit).
+    `pg_*`: PostgreSQL appends' bounds on a stopped holder of the head (`PostgresAppender`).
     """
     if sqlite_synchronous not in ("full", "normal"):
         raise ConfigError(f"sqlite_synchronous must be full or normal, not {sqlite_synchronous!r}")
@@ -99,9 +106,13 @@ def open_database(
     # the appender's own connection, from the same URL as the engine's (host, port, user, ssl…)
     _, connect_kwargs = engine.dialect.create_connect_args(engine.url)
     safe_url = make_url(url).render_as_string(hide_password=True)
-    return Database(
-        engine=engine, backend=backend, url=url, postgres_appender=PostgresAppender(connect_kwargs, safe_url)
+    pg_appender = PostgresAppender(
+        connect_kwargs,
+        safe_url,
+        lock_timeout_s=pg_lock_timeout_s,
+        idle_in_transaction_timeout_s=pg_idle_in_transaction_timeout_s,
     )
+    return Database(engine=engine, backend=backend, url=url, postgres_appender=pg_appender)
 
 
 def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:

@@ -31,6 +31,12 @@ commit order = position order and the chain has one head. What the lock covers i
 - On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
   statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
 
+A holder that stops (a paused VM, a long GC, a SIGSTOP, a half-open connection) must not stall every other
+appender: each append's transactions begin with `SET LOCAL lock_timeout` (a waiter gives up and the writer spools,
+as in an outage; `DatabaseUnavailable`) and `SET LOCAL idle_in_transaction_session_timeout` (the server ends the
+transaction of a holder that stops between its statements, so the head is freed; the holder, once it wakes, finds
+its connection gone and spools what it did not commit). Both ride in the BEGIN's message: no extra round trip.
+
 A stream (`stream`: `ledger import`'s file) is one transaction over many batches, each chained by
 the same `_insert_events` in a savepoint (its optimistic insert may be redone). It holds the head
 from its first batch to its COMMIT: every other appender waits that long. The appender's loop
@@ -69,7 +75,12 @@ _WRITTEN_OUT_MAX = 64
 """Events up to which an append's rows go in one message with its COMMIT (`_written_out`): a gateway's
 batches are a few events. Bigger ones (`append_events` of a file) go as binary arrays, then COMMIT: the form the
 server reads cheapest, where one turn more under the lock is little next to the batch (docs/scaling.md §1)."""
-_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off"
+_BEGIN = (
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off; "
+    "SET LOCAL lock_timeout = {lock_ms}; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
+)
+"""An append's transactions (its bodies', its events'), with the bounds of `PostgresAppender` (0: none)."""
+_LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
 _COMMIT = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'usage-ledger', 'flush'); COMMIT"
 """An append's COMMIT (not waiting for the WAL flush), then a transaction whose COMMIT waits for the WAL to be
 flushed up to it (a transactional message gives it a transaction id and a WAL record: a COMMIT without both does
@@ -112,9 +123,24 @@ _CONNECTION_LOST = (
 class PostgresAppender:
     """One asyncpg connection, used only on this object's thread and event loop."""
 
-    def __init__(self, connect_kwargs: Mapping[str, Any], safe_url: str) -> None:
+    def __init__(
+        self,
+        connect_kwargs: Mapping[str, Any],
+        safe_url: str,
+        *,
+        lock_timeout_s: float = 2.0,
+        idle_in_transaction_timeout_s: float = 5.0,
+    ) -> None:
+        """`lock_timeout_s`: how long an append waits for the head (or a body row) another appender holds before
+        it gives up (`DatabaseUnavailable`: the writer spools). `idle_in_transaction_timeout_s`: how long the
+        server lets this appender's transaction sit between statements before ending it (a healthy one takes a
+        few ms). 0: no bound (PostgreSQL's meaning)."""
         self._connect_kwargs = dict(connect_kwargs)
         self._safe_url = safe_url
+        self._lock_timeout_s = lock_timeout_s
+        self._begin = _BEGIN.format(
+            lock_ms=_milliseconds(lock_timeout_s), idle_ms=_milliseconds(idle_in_transaction_timeout_s)
+        )
         self._conn: Any = None  # asyncpg.Connection, opened on first use
         self._stream: Any = None  # the open stream's asyncpg.Transaction, while one is
         self._loop = asyncio.new_event_loop()
@@ -204,9 +230,11 @@ class PostgresAppender:
         async def work() -> tuple[int, int, int]:
             conn = await self._connection()
             if blobs:
-                await self._write_blobs(conn, blobs, recorded_at)
+                await self._write_blobs(conn, self._begin, blobs, recorded_at)
             return await self._optimistic(
-                lambda check_existing: self._committed(conn, batch, recorded_at, check_existing=check_existing)
+                lambda check_existing: self._committed(
+                    conn, self._begin, batch, recorded_at, check_existing=check_existing
+                )
             )
 
         return await self._guarded(work())
@@ -256,13 +284,13 @@ class PostgresAppender:
 
     @staticmethod
     async def _committed(
-        conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
+        conn: Any, begin: str, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
     ) -> tuple[int, int, int]:
         """The batch chained onto the head in a transaction of its own, whose COMMIT goes with the INSERT."""
         # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
         # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead). Its COMMIT does
         # not wait for the WAL flush: `_COMMIT`'s second transaction does, with the head released.
-        await conn.execute(_BEGIN)
+        await conn.execute(begin)
         try:
             return await PostgresAppender._insert_events(
                 conn, batch, recorded_at, check_existing=check_existing, commit=True
@@ -281,6 +309,12 @@ class PostgresAppender:
         except Exception as exc:
             await self._reset()  # whatever state the failure left the connection in: the next append starts afresh
             text = first_line(exc)
+            if getattr(exc, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+                raise DatabaseUnavailable(
+                    f"append to {self._safe_url} gave up: the ledger's head stayed locked by another appender for "
+                    f"{self._lock_timeout_s:g} s (LEDGER_PG_LOCK_TIMEOUT_S; a stopped holder's transaction is ended "
+                    "after LEDGER_PG_IDLE_IN_TRANSACTION_TIMEOUT_S)"
+                ) from exc
             if _is_unavailable(exc):
                 raise DatabaseUnavailable(f"database {self._safe_url} unavailable: {text}") from exc
             raise LedgerError(f"append to {self._safe_url} failed: {text}") from exc
@@ -297,9 +331,9 @@ class PostgresAppender:
             conn.terminate()  # no goodbye to a server that may be gone
 
     @staticmethod
-    async def _write_blobs(conn: Any, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
+    async def _write_blobs(conn: Any, begin: str, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
         unique = list({blob.hash: blob for blob in blobs}.values())
-        await conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off")
+        await conn.execute(begin)  # a body row another appender inserted, uncommitted, is waited for as the head is
         try:
             await conn.execute(
                 _INSERT_BLOBS,
@@ -410,6 +444,12 @@ def _written_out(rows: Sequence[tuple[Any, ...]], recorded_at: datetime, last: i
         f"'{recorded_at.isoformat()}'::timestamptz, r->>5, r->>6 "
         f"FROM jsonb_array_elements(${tag}${document}${tag}$::jsonb) AS r"
     )
+
+
+def _milliseconds(seconds: float) -> int:
+    if seconds < 0:
+        raise ValueError(f"a PostgreSQL timeout must not be negative, not {seconds:g} s")
+    return max(1, round(seconds * 1000)) if seconds else 0
 
 
 def _is_unavailable(exc: BaseException) -> bool:

@@ -37,6 +37,11 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     """The outage spool; empty: `<state_dir>/spool`."""
     batch_max_events: int = 2000
     sqlite_synchronous: SqliteSynchronous = "full"
+    pg_lock_timeout_s: float = 2.0
+    """PostgreSQL: how long an append waits for the chain's head another appender holds, then spools (0: no bound)."""
+    pg_idle_in_transaction_timeout_s: float = 5.0
+    """PostgreSQL: how long the server lets an append's transaction sit between statements before ending it (a
+    gateway stopped while holding the head; a healthy append's transaction lasts milliseconds). 0: no bound."""
     # signed checkpoints: off while checkpoint_key is unset
     checkpoint_key: str | None = None
     checkpoint_dir: str = "./ledger-checkpoints"
@@ -44,6 +49,9 @@ class StorageSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     checkpoint_origin: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("pg_lock_timeout_s", "pg_idle_in_transaction_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"LEDGER_{name.upper()} must not be negative (0: no bound)")
         # derived once, here, so every reader sees the same concrete paths (the struct stays frozen)
         if not self.state_dir:
             msgspec.structs.force_setattr(self, "state_dir", str(default_state_dir(self.database_url)))

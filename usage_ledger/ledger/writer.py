@@ -34,6 +34,9 @@ log = structlog.get_logger("ledger.writer")
 _RESOLVE_SLICE = 256  # futures resolved per event-loop turn
 LOW_DISK_BYTES = 64 * 1024 * 1024
 """Free space under which the spool's or the SQLite ledger's file system makes the writer report trouble."""
+SLOW_APPEND_S = 1.0
+"""An append (or spool replay) waiting longer than this makes the writer report trouble while it waits: a healthy
+one takes milliseconds; a long wait is a database that hangs or a head held by a stopped appender."""
 INLINE_COMPRESS_BYTES = 16 * 1024
 """Bodies of a batch up to this size are compressed on the loop (tens of µs); a thread hop costs more."""
 
@@ -141,6 +144,7 @@ class EventWriter:
         self._spooling = False
         self._next_retry = 0.0
         self._unavailable: str | None = None  # why the spool cannot be replayed yet (while spooling)
+        self._appending_since: float | None = None  # monotonic start of the database write under way, if any
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -211,6 +215,12 @@ class EventWriter:
         """Why the ledger is not fully healthy: the latest events could not be recorded at all, the disk is
         nearly full, the spool cannot be replayed, or it holds quarantined damage."""
         found: list[str] = []
+        since = self._appending_since
+        if since is not None and (waited := time.monotonic() - since) > SLOW_APPEND_S:
+            found.append(
+                f"an append has waited {waited:.1f} s for the database (unreachable, or the chain's head held by "
+                "another appender)"
+            )
         if self._failing is not None:
             found.append(f"events cannot be recorded: {self._failing}")
         found += [
@@ -321,7 +331,11 @@ class EventWriter:
         try:
             if self._spooling and not await self._try_replay():
                 raise DatabaseUnavailable("still spooling")
-            result = await append_events(self.database, events, blobs)
+            self._appending_since = time.monotonic()
+            try:
+                result = await append_events(self.database, events, blobs)
+            finally:
+                self._appending_since = None
             self._committed(result, blobs)
             outcome = "committed"
         except LedgerError as exc:
@@ -390,6 +404,7 @@ class EventWriter:
         now = time.monotonic()
         if now < self._next_retry:
             return False
+        self._appending_since = now
         try:
             appended, duplicates = await replay_spool(self.database, self.spool, self.batch_max_events, quarantine=True)
         except (LedgerError, OSError) as exc:
@@ -401,6 +416,8 @@ class EventWriter:
                 log.debug("spool_replay_deferred", reason=reason)
             self._unavailable = reason
             return False
+        finally:
+            self._appending_since = None
         self._spooling = False
         self._unavailable = None
         log.info("spool_replayed", appended=appended, duplicates=duplicates)
