@@ -6,7 +6,8 @@ rebuilt from them.
 checkpoints (`engine`), rebuild and formula promotion (`rebuild`), the digest two backends compare
 (`_digest_lines`, `_sqlite_digest`), the throughput `formulas`, the report `rows`, and the labels and
 returns recorded (`recorded`). Imports `ledger` only; what answers questions from these tables lives in
-`usage_ledger.answers`, what appends events from files in `usage_ledger.imports`.
+`usage_ledger.answers`, what appends events from files in `usage_ledger.imports`. `verify`: the stored read
+models against the events folded again (`ledger verify --read-models`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from usage_ledger.projections.rows import (
 from usage_ledger.projections.server import ServerBlock, SpecBlocks, load_samples, samples_of_run, server_block
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.projections.text import projection_text, projection_text_or_none
+from usage_ledger.projections.verify import ReadModelCheck, RowDifference, verify_read_models
 
 __all__ = (
     "CALL_STATUSES",
@@ -65,9 +67,11 @@ __all__ = (
     "ImportFailed",
     "NotFound",
     "ProjectionError",
+    "ReadModelCheck",
     "RecomputeRow",
     "ReportSettings",
     "Returns",
+    "RowDifference",
     "RunRow",
     "RunStats",
     "ServerBlock",
@@ -97,4 +101,5 @@ __all__ = (
     "samples_of_run",
     "server_block",
     "set_formula",
+    "verify_read_models",
 )

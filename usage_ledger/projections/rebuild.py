@@ -53,7 +53,16 @@ from usage_ledger.projections.engine import (
 from usage_ledger.projections.formulas import get_formula
 from usage_ledger.projections.tables import versions
 
-__all__ = ("drop_version", "fold_in_workers", "promote_version", "rebuild_projection", "set_formula")
+__all__ = (
+    "analyze_version",
+    "drop_version",
+    "fold_in_workers",
+    "next_version",
+    "promote_version",
+    "rebuild_projection",
+    "set_formula",
+    "start_version",
+)
 
 _PROMOTED_NS = uuid.UUID("6c1f3e0a-4b1d-5d7e-9a53-2f1d3c0b7e21")
 
@@ -88,13 +97,9 @@ async def rebuild_projection(
         get_formula(formula)
     live = await ensure_pointer(database, name)
     async with database.engine.begin() as conn:
-        known = (
-            await conn.execute(select(func.max(checkpoints.c.version)).where(checkpoints.c.projection == name))
-        ).scalar_one_or_none()
         current_formula = (await live_version(conn, name))[1]
-        new_version = max(live, int(known or 0)) + 1
-        await projection.table.drop(conn, new_version)
-        await write_checkpoint(conn, name, new_version, 0)
+        new_version = await next_version(conn, name, live)
+    await start_version(database, name, new_version)
     if workers > 1 and projection.partition_key is not None:
         say(f"folding events into version {new_version} in {workers} worker processes")
         if await fold_in_workers(database, name, new_version, workers, page_size=page_size, progress=progress):
@@ -106,11 +111,7 @@ async def rebuild_projection(
     else:
         say(f"folding events into version {new_version}")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
-    if database.backend == "postgresql":
-        # statistics for the rows just written: without them (autovacuum off, or not yet round) PostgreSQL
-        # planned each of the digest's pages by call id as a scan and sort of the rest of the version
-        async with database.engine.begin() as conn:
-            await conn.exec_driver_sql(f"ANALYZE {projection.table.table.name}")
+    await analyze_version(database, name)
     say(f"digest and promotion of version {new_version}")
     promoted = await promote_version(database, name, new_version, formula or current_formula)
     if not keep_old:
@@ -126,6 +127,29 @@ async def rebuild_projection(
                 say(f"removing version {old}")
                 await drop_version(conn, name, old)
     return promoted
+
+
+async def next_version(conn: AsyncConnection, name: str, live: int) -> int:
+    """The number a new version of `name` gets: above the live one and every one with a checkpoint."""
+    known = (
+        await conn.execute(select(func.max(checkpoints.c.version)).where(checkpoints.c.projection == name))
+    ).scalar_one_or_none()
+    return max(live, int(known or 0)) + 1
+
+
+async def start_version(database: Database, name: str, version: int) -> None:
+    """`version` of `name` empty, at checkpoint 0 (ready for `catch_up` from the first event)."""
+    async with database.engine.begin() as conn:
+        await projection_named(name).table.drop(conn, version)
+        await write_checkpoint(conn, name, version, 0)
+
+
+async def analyze_version(database: Database, name: str) -> None:
+    """Statistics for the rows just written, before a digest. PostgreSQL: without them (autovacuum off, or not
+    yet round) it planned each of the digest's pages by call id as a scan and sort of the rest of the version."""
+    if database.backend == "postgresql":
+        async with database.engine.begin() as conn:
+            await conn.exec_driver_sql(f"ANALYZE {projection_named(name).table.table.name}")
 
 
 async def fold_in_workers(
