@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from sqlalchemy import select
+from sqlalchemy import literal, select
 
 from tests.ledger.helpers import build_ledger, migrated
 from tests.ledger.test_bad_input import ledger_cli
@@ -56,7 +56,7 @@ async def test_an_edited_read_model_is_found_and_its_rows_named(database: Databa
     assert {r.problem for r in checked.rows} == {"missing"}
 
 
-async def test_the_forged_rows_say_which_columns_differ(database: Database) -> None:
+async def test_a_forged_row_says_which_columns_differ_and_an_inserted_one_is_extra(database: Database) -> None:
     await _seed(database)
     async with database.engine.begin() as conn:
         version, _ = await live_version(conn, "calls")
@@ -65,9 +65,15 @@ async def test_the_forged_rows_say_which_columns_differ(database: Database) -> N
             .where(calls.c.version == version, calls.c.call_id == "c00007")
             .values(output_tokens=calls.c.output_tokens * 1000)
         )
+        forged = [literal("zz-forged").label("call_id") if c.name == "call_id" else c for c in calls.c]
+        await conn.execute(
+            calls.insert().from_select(
+                list(calls.c.keys()), select(*forged).where(calls.c.version == version, calls.c.call_id == "c00001")
+            )
+        )
     (checked,) = await verify_read_models(database, ["calls"])
-    assert not checked.ok and checked.differing_rows == 1
-    assert [(r.key, r.problem) for r in checked.rows] == [("c00007", "differs: output_tokens")]
+    assert not checked.ok and checked.differing_rows == 2
+    assert [(r.key, r.problem) for r in checked.rows] == [("c00007", "differs: output_tokens"), ("zz-forged", "extra")]
 
 
 def test_the_command_exits_1_and_names_the_rows(backend_url: str) -> None:
