@@ -4,9 +4,10 @@ PostgreSQL.
 A real `ledger serve` (with LEDGER_CHECKPOINT_KEY) records calls of a run in front of the emulator
 and signs a checkpoint at shutdown; `ledger redact` erases one body the honest way. Each attack
 then works on a copy of that ledger, with the triggers dropped where it needs to. Edits of bodies,
-sizes and `recorded_at` are caught by `ledger verify` alone; the attacks that leave a shorter or
-re-chained but self-consistent ledger (cut tail, every event deleted, re-chain after an edit) pass
-it — they are caught by the signed checkpoint the gateway wrote outside the database.
+sizes and `recorded_at` are caught by `ledger verify` alone, and so is a cut tail with `ledger_head` left
+naming the old last event; the attacks that leave a shorter or re-chained but self-consistent ledger (cut
+tail with the head moved back, every event deleted, re-chain after an edit) pass it — they are caught by the
+signed checkpoint the gateway wrote outside the database.
 """
 
 from __future__ import annotations
@@ -192,19 +193,37 @@ async def nudge_a_recorded_at(conn: AsyncConnection, backend: str) -> None:
     )
 
 
-async def cut_the_tail(conn: AsyncConnection, backend: str) -> None:
-    """The last call's events go, and with them the bodies only they referenced: a shorter, tidy ledger."""
+async def cut_the_tail_leaving_the_head(conn: AsyncConnection, backend: str) -> None:
+    """The last call's events go; `ledger_head` still names the old last event (the next append would leave a gap)."""
     await conn.execute(text("DELETE FROM ledger_events WHERE position > (SELECT max(position) - 2 FROM ledger_events)"))
+
+
+async def cut_the_tail(conn: AsyncConnection, backend: str) -> None:
+    """The last call's events go, and with them the bodies only they referenced, and the head row is moved back
+    onto the new last event: a shorter, tidy ledger."""
+    await cut_the_tail_leaving_the_head(conn, backend)
     await _delete_unreferenced_blobs(conn)
+    await _head_onto_the_tail(conn)
 
 
 async def delete_every_event(conn: AsyncConnection, backend: str) -> None:
     await conn.execute(text("DELETE FROM ledger_events"))
     await conn.execute(text("DELETE FROM ledger_blobs"))
+    await _head_onto_the_tail(conn)
+
+
+async def _head_onto_the_tail(conn: AsyncConnection) -> None:
+    await conn.execute(
+        text(
+            "UPDATE ledger_head SET position = COALESCE((SELECT max(position) FROM ledger_events), 0), "
+            "hash = COALESCE((SELECT hash FROM ledger_events ORDER BY position DESC LIMIT 1), :genesis) WHERE id = 1"
+        ),
+        {"genesis": "0" * 64},
+    )
 
 
 async def rechain_after_an_edit(conn: AsyncConnection, backend: str) -> None:
-    """Halve a call's completion tokens, then recompute every hash from there on."""
+    """Halve a call's completion tokens, then recompute every hash from there on, and the head row's."""
     rows = (await conn.execute(events.select().order_by(events.c.position))).all()
     target = next(r for r in rows if r.type == "call.finished")
     payload = msgspec.json.decode(target.payload)
@@ -217,6 +236,7 @@ async def rechain_after_an_edit(conn: AsyncConnection, backend: str) -> None:
             update(events).where(events.c.position == row.position).values(payload=new_payload, hash=digest)
         )
         previous = digest
+    await _head_onto_the_tail(conn)  # the head row names the new last hash too
 
 
 def _canonical(payload: dict[str, object]) -> str:
@@ -245,6 +265,7 @@ async def _delete_unreferenced_blobs(conn: AsyncConnection) -> None:
         (edit_a_size, True, "size says"),
         (edit_a_recorded_at, True, "recorded_at"),
         (nudge_a_recorded_at, False, "a recorded_at at or before position"),
+        (cut_the_tail_leaving_the_head, True, "events were cut from the end"),
         (cut_the_tail, False, "rows were cut from the end"),
         (delete_every_event, False, "rows were cut from the end"),
         (rechain_after_an_edit, False, "re-chained"),
