@@ -93,6 +93,28 @@ async def test_calls_that_bypass_the_gateway_show_as_the_gap(
     assert listed["run"] == "bypassed" and listed["requests_difference"] == 3
 
 
+async def test_runs_back_to_back_reconcile_and_calls_around_the_gateway_are_caught(
+    gateway: Process, emulator: Process, backend_url: str
+) -> None:
+    """Issue #53: repeated runs sent one after another (no idle moment between them) reconcile, checked
+    together; three calls sent straight to the server during a fourth run are caught and named."""
+    for run in ("qwk-1", "qwk-2", "qwk-3"):
+        await _calls(gateway.url, 6, run=run)  # type: ignore[attr-defined]
+    await _run_row(backend_url, "qwk-3")  # its closing (idle) sample is in: the fourth run starts after it
+    await asyncio.gather(
+        _calls(gateway.url, 6, run="qwk-4"),  # type: ignore[attr-defined]
+        _calls(emulator.url, 3, run=None, max_tokens=10),  # type: ignore[attr-defined]  # straight to the server
+    )
+    await _run_row(backend_url, "qwk-4")
+    result = await asyncio.to_thread(_ledger, "reconcile", "--all", "--format", "json", db=backend_url)
+    assert result.returncode == 1, result.stdout + result.stderr
+    rows = {row["run"]: row for row in json.loads(result.stdout)}
+    assert [rows[run]["reconciled"] for run in ("qwk-1", "qwk-2", "qwk-3")] == [True] * 3, result.stdout
+    assert rows["qwk-4"]["reconciled"] is False and rows["qwk-4"]["requests_difference"] == 3, result.stdout
+    assert rows["qwk-4"]["generation_tokens_difference"] == 3 * 10
+    assert "bypassed the gateway" in rows["qwk-4"]["note"] and "shared" not in rows["qwk-4"]["note"]
+
+
 _BLOCKS = ("--enable-per-request-metrics", "--per-request-spec-decode-metrics", "summary")
 
 

@@ -128,7 +128,8 @@ def test_machine_formats_keep_every_field_and_raw_values(backend_url: str, capsy
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "csv")
     assert code == 0
     header = lines[0].split(",")
-    assert len(header) == 24 and header[:3] == ["run", "model", "calls"]  # truncated_calls among them
+    assert len(header) == 26 and header[:3] == ["run", "model", "calls"]  # truncated_calls among them
+    assert header[-2:] == ["tickers_done", "partial"]
     assert lines[1].split(",")[header.index("input_tokens")] == "1235567"  # no separators in CSV
     assert "1,235,567" not in "\n".join(lines)
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "json")
@@ -142,7 +143,20 @@ def test_other_reports_fit_too(backend_url: str, capsys: pytest.CaptureFixture[s
         assert code == 0, args
         _assert_fits(lines)
     code, lines, _ = _run(capsys, "report", "eras", "--by", "model", "--db", db)
-    assert lines[1].split() == ["group", "runs", "days", "mean", "tok/s", "median", "min", "max", "mean", "wall_s"]
+    assert lines[1].split() == [
+        "group",
+        "runs",
+        "in",
+        "means",
+        "days",
+        "mean",
+        "tok/s",
+        "median",
+        "min",
+        "max",
+        "mean",
+        "wall_s",
+    ]
     assert lines[-2].startswith("tok/s = batch_aggregate: ")  # the formula, named under the table
 
 

@@ -67,7 +67,20 @@ def test_runs_and_eras_name_their_formula(backend_url: str, capsys: pytest.Captu
 def test_eras_show_min_and_max_and_how_to_label(backend_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     db = _ledger(backend_url)
     _, lines = _run(capsys, "report", "eras", "--by", "hardware", "--db", db)
-    assert lines[1].split() == ["group", "runs", "days", "mean", "tok/s", "median", "min", "max", "mean", "wall_s"]
+    assert lines[1].split() == [
+        "group",
+        "runs",
+        "in",
+        "means",
+        "days",
+        "mean",
+        "tok/s",
+        "median",
+        "min",
+        "max",
+        "mean",
+        "wall_s",
+    ]
     assert lines[3].split()[:2] == ["-", "5"]  # no run is labelled: one group of all five
     text = _joined(lines)
     assert "-: 5 runs without a hardware label; label a run with `ledger annotate --run R --hardware VALUE`" in text

@@ -13,7 +13,8 @@ from usage_ledger.ledger.events import NewEvent, ServerSampled, new_event
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.engine import live_version
 from usage_ledger.projections.rebuild import rebuild_projection
-from usage_ledger.projections.server import Reconciliation, server_block
+from usage_ledger.projections.reconcile import Reconciliation, RunSpan, ServerTraffic, WindowCheck
+from usage_ledger.projections.server import server_block
 
 UPSTREAM = "http://127.0.0.1:8200"
 
@@ -38,6 +39,21 @@ def sample(
         "vllm:kv_cache_usage_perc": extra.get("kv", 0.0),
     }
     return ServerSampled(upstream=UPSTREAM, sampled_at=at(t), counters=counters, gauges=gauges)
+
+
+def check(
+    samples: list[ServerSampled], t0: float, t1: float, *, requests: int, prompt: int, generation: int
+) -> WindowCheck | None:
+    """The reconciliation of one run from t0 to t1 that had the server to itself."""
+    span = RunSpan(
+        run="r",
+        started_at=at(t0),
+        ended_at=at(t1),
+        requests=requests,
+        prompt_tokens=prompt,
+        generation_tokens=generation,
+    )
+    return ServerTraffic(samples, [span]).check("r")
 
 
 def test_deltas_over_the_window_and_gauges_inside_it() -> None:
@@ -74,7 +90,7 @@ def test_deltas_over_the_window_and_gauges_inside_it() -> None:
         ),
         sample(60, requests=200, prompt=9000, generation=2000),  # after the closing sample: not in it
     ]
-    block = server_block(samples, at(0), at(30), completed_calls=3, input_tokens=2000, output_tokens=300)
+    block = server_block(samples, at(0), at(30), check=check(samples, 0, 30, requests=3, prompt=2000, generation=300))
     assert block is not None
     assert (block.server_requests, block.server_prompt_tokens, block.server_generation_tokens) == (3, 2000, 300)
     assert block.reconciled is True and block.difference == Reconciliation(
@@ -91,7 +107,7 @@ def test_deltas_over_the_window_and_gauges_inside_it() -> None:
 
 def test_traffic_that_bypassed_the_gateway_shows_as_the_difference() -> None:
     samples = [sample(-1, requests=0, prompt=0, generation=0), sample(11, requests=5, prompt=900, generation=80)]
-    block = server_block(samples, at(0), at(10), completed_calls=4, input_tokens=800, output_tokens=70)
+    block = server_block(samples, at(0), at(10), check=check(samples, 0, 10, requests=4, prompt=800, generation=70))
     assert block is not None and block.reconciled is False
     assert block.difference == Reconciliation(requests=1, prompt_tokens=100, generation_tokens=10)
 
@@ -103,16 +119,16 @@ def test_a_restart_inside_the_window_is_never_a_negative_or_merged_delta() -> No
         sample(6, requests=1, prompt=100, generation=10),  # restarted: counters went down
         sample(11, requests=3, prompt=300, generation=30),
     ]
-    block = server_block(samples, at(0), at(10), completed_calls=5, input_tokens=500, output_tokens=50)
+    block = server_block(samples, at(0), at(10), check=check(samples, 0, 10, requests=5, prompt=500, generation=50))
     assert block is not None and block.restarts == 1
-    assert (block.server_requests, block.server_prompt_tokens, block.server_generation_tokens) == (4, 400, 40)
     assert block.reconciled is None and block.difference is None  # some of the run was not counted
+    assert block.reconcile_note == "the server restarted 1× inside the window"
 
 
 def test_no_sample_near_the_run_is_no_block() -> None:
     samples = [sample(-100, requests=0, prompt=0, generation=0)]
-    assert server_block(samples, at(0), at(10), completed_calls=1, input_tokens=1, output_tokens=1) is None
-    assert server_block([], at(0), at(10), completed_calls=1, input_tokens=1, output_tokens=1) is None
+    assert server_block(samples, at(0), at(10), check=check(samples, 0, 10, requests=1, prompt=1, generation=1)) is None
+    assert server_block([], at(0), at(10), check=None) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -121,7 +137,7 @@ def test_deltas_are_never_negative(points: list[tuple[float, int]]) -> None:
     samples = sorted(
         (sample(t, requests=v, prompt=v * 10, generation=v * 2) for t, v in points), key=lambda s: s.sampled_at
     )
-    block = server_block(samples, at(-10), at(10), completed_calls=0, input_tokens=0, output_tokens=0)
+    block = server_block(samples, at(-10), at(10), check=check(samples, -10, 10, requests=0, prompt=0, generation=0))
     if block is not None and block.server_requests is not None:
         assert block.server_requests >= 0 and block.server_prompt_tokens is not None and block.server_prompt_tokens >= 0
 

@@ -15,7 +15,7 @@ from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, sel
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunStats, SpecBlocks
+from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunSpan, RunStats, SpecBlocks
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
@@ -59,11 +59,29 @@ class RunAcc:
 
     def spec_blocks(self) -> SpecBlocks | None:
         """The sums of the per-request blocks when every ok call has one (and there is one), else None."""
-        ok = self.calls - self.failed - self.incomplete
+        ok = self.completed()
         calls, draft, accepted, steps = self.spec
         if not ok or calls != ok:
             return None
         return SpecBlocks(calls=calls, draft_tokens=draft, accepted_tokens=accepted, steps=steps)
+
+    def completed(self) -> int:
+        """Calls that completed (status `ok`): what the server counts as requests."""
+        return self.calls - self.failed - self.incomplete
+
+    def span(self, name: str) -> RunSpan | None:
+        """The run as the server counts it (`projections.reconcile`); None for a run without calls."""
+        if self.first_start is None:
+            return None
+        ends = [t for t in (self.last_end, self.last_start) if t is not None]
+        return RunSpan(
+            run=name,
+            started_at=self.first_start,
+            ended_at=max(ends, default=self.first_start),
+            requests=self.completed(),
+            prompt_tokens=self.input,
+            generation_tokens=self.output,
+        )
 
     def truncated_calls(self) -> int | None:
         """Calls whose answer was cut; None when no call of the run says how it finished."""
@@ -72,6 +90,7 @@ class RunAcc:
     def stats(self) -> RunStats:
         return RunStats(
             calls=self.calls,
+            completed_calls=self.completed(),
             output_tokens=self.output,
             input_tokens=self.input,
             first_start=self.first_start,

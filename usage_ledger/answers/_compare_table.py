@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from usage_ledger.answers.comparison import Comparison, RunComparison
+from usage_ledger.answers.eras import left_out_reason
 
 __all__ = ("comparison_table",)
 
@@ -89,6 +90,14 @@ def _notes(comparison: Comparison, letters: str) -> list[str]:
         lines.append(f"{letter} = {run.run}" + (f" ({run.model})" if run.model else ""))
     lines.append(f"promoted throughput formula: {comparison.runs[0].formula}")
     for letter, run in zip(letters, comparison.runs, strict=False):
+        why = left_out_reason(run.ok_calls, run.throughput_tps.get(run.formula), run.formula)
+        if why is not None:
+            lines.append(f"{letter}: no throughput and no hours per 100 tickers: {why}")
+        if run.partial and run.tickers_done is not None:
+            lines.append(
+                f"{letter}: partial (fewer calls than the run it replays): hours per 100 tickers count "
+                f"{run.tickers_done:.2f} tickers by their calls done, of {run.tickers} touched"
+            )
         measured = f"{run.ok_calls} ok calls measured; ITL from {run.itl_calls} with chunk gaps"
         lines.append(f"{letter}: {measured}" + ("" if run.itl_calls else " (none recorded: imported or not streamed)"))
         if run.server is None:

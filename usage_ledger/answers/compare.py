@@ -197,6 +197,8 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
         formula=row.formula,
         hours_per_100_tickers=row.hours_per_100_tickers,
         calls_per_ticker=row.calls_per_ticker,
+        tickers_done=row.tickers_done,
+        partial=row.partial,
         in_flight_mean=mean,
         in_flight_max=peak,
         ttft_ms=latency_ms(ttft, "s"),

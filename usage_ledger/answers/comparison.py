@@ -37,6 +37,10 @@ class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
     """The promoted (default) formula."""
     hours_per_100_tickers: float | None
     calls_per_ticker: CallsPerTicker | None
+    tickers_done: float | None = None
+    """As `RunRow.tickers_done`: what `hours_per_100_tickers` divides by."""
+    partial: bool = False
+    """As `RunRow.partial`: fewer calls than the run it replays."""
     in_flight_mean: float | None
     in_flight_max: int | None
     ttft_ms: Latency | None

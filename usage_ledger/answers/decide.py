@@ -1,7 +1,8 @@
 """`ledger decide`: the adoption decision's evidence for two groups of runs, side by side, and what is not measured.
 
 Per group (`a`, `b`): its runs; the means over its runs of the aggregate throughput under the
-promoted formula (`runs_report`, through `compare.run_column`), of hours per 100 tickers, of the
+promoted formula (`runs_report`, through `compare.run_column`) and of hours per 100 tickers (over the
+runs that completed a call: `measured_runs`, the others in `left_out` with why), of the
 latency medians (`ttft_ms.p50`, … as `ledger compare` names them) and of the server figures that were
 sampled; `self_qwk` and `self_agree_rate`, means over the group's run pairs of the quadratic weighted
 kappa and of the share of common keys labelled alike (null for one run); `label_shares`, each
@@ -26,6 +27,7 @@ import msgspec
 from usage_ledger.answers.agreement import parse_scale
 from usage_ledger.answers.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
 from usage_ledger.answers.compare import RunComparison, metric_values, run_column
+from usage_ledger.answers.eras import left_out_reason
 from usage_ledger.ledger import Database
 from usage_ledger.projections import ProjectionError, Returns, recorded_labels, recorded_returns
 
@@ -39,6 +41,10 @@ class GroupFigures(msgspec.Struct, frozen=True, kw_only=True):
     runs: list[str]
     throughput_tps: float | None
     hours_per_100_tickers: float | None
+    measured_runs: int = 0
+    """The runs the throughput and hours figures rest on (means over these)."""
+    left_out: dict[str, str] = {}
+    """The runs left out of them, each with why (`eras.left_out_reason`)."""
     latency: dict[str, float | None]
     """`ledger compare`'s medians (`ttft_ms.p50`, `tpot_ms.p50`, `itl_ms.p50`, `e2e_ms.p50`), mean over the runs."""
     server: dict[str, float]
@@ -128,10 +134,18 @@ def _group(
         if value is not None:
             server[name] = value
     self_qwk, self_rate = _pairs(itertools.combinations(runs, 2), labels, scale, notes)
+    left_out = {
+        run: why
+        for run in runs
+        if (why := left_out_reason(columns[run].ok_calls, _throughput(columns[run]), columns[run].formula))
+    }
+    measured = [columns[run] for run in runs if run not in left_out]
     return GroupFigures(
         runs=list(runs),
-        throughput_tps=_mean(columns[run].throughput_tps.get(columns[run].formula) for run in runs),
-        hours_per_100_tickers=_mean(columns[run].hours_per_100_tickers for run in runs),
+        throughput_tps=_mean(_throughput(column) for column in measured),
+        hours_per_100_tickers=_mean(column.hours_per_100_tickers for column in measured),
+        measured_runs=len(measured),
+        left_out=left_out,
         latency={name: _mean(f[name] for f in figures) for name in LATENCY_FIGURES},
         server=server,
         self_qwk=self_qwk,
@@ -139,6 +153,10 @@ def _group(
         label_shares=_shares(runs, labels, scale),
         rank_ic=_rank_ic(runs, labels, scale, returns, notes),
     )
+
+
+def _throughput(column: RunComparison) -> float | None:
+    return column.throughput_tps.get(column.formula)
 
 
 def _most_frequent(runs: Sequence[str], labels: dict[str, dict[str, str]], key: str, scale: Sequence[str]) -> list[str]:

@@ -4,11 +4,16 @@ A run's group is its value of the label (`ledger annotate --run R --hardware …
 for `model`, a run without the label falls back to its calls' model. Runs without a value form
 the group `null`. `--kind KIND` keeps the runs labelled `kind=KIND`. Throughput is each run's under
 the formula (the promoted one unless given), so the same runs give different eras per formula.
+
+The throughput and wall figures rest on the runs that delivered something (`measured_runs`): a run with
+no completed call, or no throughput under the formula, is counted in `runs` and in `left_out` with why,
+never as 0 tok/s in a mean.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -19,12 +24,16 @@ from usage_ledger.answers.zones import in_zone
 from usage_ledger.ledger import Database
 from usage_ledger.projections import RunRow
 
-__all__ = ("EraRow", "era_of", "eras_report", "group_of")
+__all__ = ("EraRow", "era_of", "eras_report", "group_of", "left_out_reason", "measured_runs")
 
 
 class EraRow(msgspec.Struct, frozen=True, kw_only=True):
     group: str | None
     runs: int
+    measured_runs: int = 0
+    """The runs the throughput and wall figures rest on."""
+    left_out: dict[str, int] = {}
+    """The runs left out of those figures, counted by why (`left_out_reason`)."""
     days: int
     """Distinct local days (in the report's zone) on which the group's runs started."""
     mean_throughput_tps: float | None
@@ -42,13 +51,38 @@ def group_of(run: RunRow, label: str) -> str | None:
     return value
 
 
+def left_out_reason(completed_calls: int, throughput_tps: float | None, formula: str) -> str | None:
+    """Why a run enters no throughput (or per-run time and cost) figure; None when it does."""
+    if not completed_calls:
+        return "no completed call"
+    if throughput_tps is None:
+        return f"no throughput under {formula} (no wall time)"
+    return None
+
+
+def measured_runs(runs: list[RunRow]) -> tuple[list[RunRow], Counter[str]]:
+    """The runs a throughput figure rests on, and how many were left out by why."""
+    kept: list[RunRow] = []
+    left: Counter[str] = Counter()
+    for run in runs:
+        why = left_out_reason(run.calls - run.failed_calls - run.incomplete_calls, run.throughput_tps, run.formula)
+        if why is None:
+            kept.append(run)
+        else:
+            left[why] += 1
+    return kept, left
+
+
 def era_of(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) -> EraRow:
-    rates = [r.throughput_tps for r in runs if r.throughput_tps is not None]
-    walls = [r.wall_s for r in runs if r.wall_s is not None]
+    measured, left = measured_runs(runs)
+    rates = [r.throughput_tps for r in measured if r.throughput_tps is not None]
+    walls = [r.wall_s for r in measured if r.wall_s is not None]
     days = {in_zone(r.started_at, zone).date() for r in runs if r.started_at is not None}
     return EraRow(
         group=group,
         runs=len(runs),
+        measured_runs=len(measured),
+        left_out=dict(left),
         days=len(days),
         mean_throughput_tps=statistics.fmean(rates) if rates else None,
         median_throughput_tps=statistics.median(rates) if rates else None,

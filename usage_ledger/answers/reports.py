@@ -19,11 +19,13 @@ from usage_ledger.answers.zones import in_zone, parse_zone
 from usage_ledger.ledger import Database, ServerSampled
 from usage_ledger.projections import (
     FAILED_STATUSES,
+    REPLAY_LABEL,
     CallsPerTicker,
     DailyRow,
     NotFound,
     RecomputeRow,
     RunRow,
+    ServerTraffic,
     TickerRow,
     WeekdayRow,
     catch_up_all,
@@ -63,11 +65,30 @@ async def live_versions(database: Database, *, refresh: bool = True) -> tuple[in
     return calls_version, notes_version, formula
 
 
-def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str], samples: Sequence[ServerSampled]) -> RunRow:
+def _tickers_done(acc: RunAcc, whole: dict[str, list[int]] | None) -> tuple[float | None, bool]:
+    """(tickers counted by calls done, whether the run is partial) against `whole`, the tickers of the run
+    it replays: a ticker with 2 of its 17 calls is 2/17 of one, not a whole one."""
+    if whole is None:
+        return (float(len(acc.tickers)) if acc.tickers else None), False
+    done = sum(min(1.0, t[0] / whole[k][0]) if k in whole else 1.0 for k, t in acc.tickers.items())
+    partial = acc.calls < sum(t[0] for t in whole.values()) or any(k not in acc.tickers for k in whole)
+    return (done if acc.tickers else None), partial
+
+
+def _run_row(
+    name: str,
+    acc: RunAcc,
+    formula: str,
+    labels: dict[str, str],
+    samples: Sequence[ServerSampled],
+    traffic: ServerTraffic,
+    whole: dict[str, list[int]] | None,
+) -> RunRow:
     stats = acc.stats()
     counts = sorted(t[0] for t in acc.tickers.values())
     wall = stats.wall_s
     tickers = len(counts)
+    done, partial = _tickers_done(acc, whole)
     return RunRow(
         run=name,
         model=acc.model(),
@@ -86,15 +107,15 @@ def _run_row(name: str, acc: RunAcc, formula: str, labels: dict[str, str], sampl
         calls_per_ticker=(
             CallsPerTicker(min=counts[0], median=float(statistics.median(counts)), max=counts[-1]) if counts else None
         ),
-        hours_per_100_tickers=wall / 3600 * 100 / tickers if wall is not None and tickers else None,
+        hours_per_100_tickers=wall / 3600 * 100 / done if wall is not None and done and acc.completed() else None,
+        tickers_done=done,
+        partial=partial,
         labels=labels,
         server=server_block(
             samples_of_run(samples, name),
             acc.first_start,
             acc.last_end,
-            completed_calls=acc.calls - acc.failed - acc.incomplete,
-            input_tokens=acc.input,
-            output_tokens=acc.output,
+            check=traffic.check(name),
             spec_blocks=acc.spec_blocks(),
         ),
     )
@@ -124,10 +145,44 @@ async def runs_report(
         samples = await load_samples(conn)
         if run is not None and not runs:
             await _require_run(conn, version, run, run_gap_s, filters)
+        traffic = await _traffic(
+            conn, version, run_gap_s, samples, runs if run is None and not filters.active else None
+        )
+        labels = {name: labels_for_run(notes, name, acc.first_start) for name, acc in runs.items()}
+        replayed = {name: found for name in runs if (found := labels[name].get(REPLAY_LABEL)) is not None}
+        wholes = await _wholes(conn, version, run_gap_s, set(replayed.values()))
     return [
-        _run_row(name, acc, formula, labels_for_run(notes, name, acc.first_start), samples)
+        _run_row(name, acc, formula, labels[name], samples, traffic, wholes.get(replayed.get(name, "")))
         for name, acc in sorted(runs.items(), key=_order)
     ]
+
+
+async def _wholes(
+    conn: AsyncConnection, version: int, run_gap_s: float, runs: set[str]
+) -> dict[str, dict[str, list[int]]]:
+    """The tickers (calls, input, output) of each run replayed, all of its calls whatever the report's filters."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for run in sorted(runs):
+        found = await collect_runs(conn, version, run=run, run_gap_s=run_gap_s)
+        if run in found and found[run].tickers:
+            out[run] = found[run].tickers
+    return out
+
+
+async def _traffic(
+    conn: AsyncConnection,
+    version: int,
+    run_gap_s: float,
+    samples: Sequence[ServerSampled],
+    every: dict[str, RunAcc] | None,
+) -> ServerTraffic:
+    """Every recorded run against the servers sampled (`every`: all runs, unfiltered, when already collected).
+
+    A reconciliation window holds whatever calls fall in it, so it needs every run, whatever the report shows."""
+    if samples and every is None:
+        every = await collect_runs(conn, version, run_gap_s=run_gap_s)
+    spans = [span for name, acc in (every or {}).items() if (span := acc.span(name)) is not None]
+    return ServerTraffic(samples, spans)
 
 
 async def _require_run(conn: AsyncConnection, version: int, run: str, run_gap_s: float, filters: CallFilter) -> None:

@@ -143,9 +143,16 @@ def _cell(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _measured(group: GroupFigures) -> str:
+    """How many runs the throughput and hours rest on, and which were left out and why."""
+    left = "; ".join(f"not {run}: {why}" for run, why in group.left_out.items())
+    return f"{group.measured_runs} of {len(group.runs)}" + (f" ({left})" if left else "")
+
+
 def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
     rows = [
         ("runs", ", ".join(a.runs), ", ".join(b.runs)),
+        ("measured_runs", _measured(a), _measured(b)),
         ("throughput_tps", _cell(a.throughput_tps, 1), _cell(b.throughput_tps, 1)),
         ("hours_per_100_tickers", _cell(a.hours_per_100_tickers, 2), _cell(b.hours_per_100_tickers, 2)),
     ]

@@ -74,6 +74,7 @@ _COMPACT: dict[str, tuple[str, ...]] = {
     "EraRow": (
         "group",
         "runs",
+        "measured_runs",
         "days",
         "mean_throughput_tps",
         "median_throughput_tps",
@@ -163,6 +164,7 @@ _SHORT = {
     "min_throughput_tps": "min",
     "max_throughput_tps": "max",
     "mean_wall_s": "mean wall_s",
+    "measured_runs": "in means",
 }
 
 

@@ -198,6 +198,12 @@ def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> 
             f"-: {unlabelled} run{'s' if unlabelled > 1 else ''} without a {args.by} label; "
             f"label a run with `ledger annotate --run R {flag}`"
         )
+    for row in rows:
+        if isinstance(row, EraRow) and row.left_out:
+            why = "; ".join(f"{n} with {reason}" for reason, n in sorted(row.left_out.items()))
+            notes.append(
+                f"{row.group or '-'}: {row.runs - row.measured_runs} of {row.runs} runs not in its means ({why})"
+            )
     for note in notes:
         print(textwrap.fill(note, terminal_width(), subsequent_indent="    "))
 

@@ -33,14 +33,22 @@ class ReconcileRow(msgspec.Struct, frozen=True, kw_only=True):
 def _row(run: RunRow) -> ReconcileRow:
     server = run.server
     difference = server.difference if server is not None else None
+    together = (
+        f" (checked together with {', '.join(server.reconciled_with)}, sent back to back)"
+        if server and server.reconciled_with
+        else ""
+    )
     if server is None:
         note = "not sampled (no server.sampled events around the run)"
-    elif server.restarts:
-        note = f"the server restarted {server.restarts}× during the run: its counters cover only part of it"
     elif server.reconciled is None:
-        note = "no counter sample on both sides of the run"
+        note = server.reconcile_note or "no idle counter sample on both sides of the run"
     elif server.reconciled:
-        note = "equal"
+        note = "equal" + together
+    elif server.reconciled_with:
+        note = (
+            f"differs in the window shared with {', '.join(server.reconciled_with)}: positive = the server saw more "
+            "than the ledger (traffic that bypassed the gateway) while these runs ran; which of them cannot be told"
+        )
     else:
         note = "differs: positive = the server saw more than the ledger (traffic that bypassed the gateway)"
     return ReconcileRow(

@@ -2,7 +2,7 @@
 rebuilt from them.
 
 `tables` (the read models' tables, queried with plain SQL like the ledger's `schema`), the folds
-(`call_fold` with `call_rules` and `_slim` into `calls`, `annotations`, `server`), the follower and its
+(`call_fold` with `call_rules` and `_slim` into `calls`, `annotations`, `server` with `reconcile`), the follower and its
 checkpoints (`engine`), rebuild and formula promotion (`rebuild`), the digest two backends compare
 (`_digest_lines`, `_sqlite_digest`), the throughput `formulas`, the report `rows`, and the labels and
 returns recorded (`recorded`). Imports `ledger` only; what answers questions from these tables lives in
@@ -12,7 +12,7 @@ models against the events folded again (`ledger verify --read-models`).
 
 from __future__ import annotations
 
-from usage_ledger.projections.annotations import labels_for_run, load_annotations
+from usage_ledger.projections.annotations import REPLAY_LABEL, labels_for_run, load_annotations
 from usage_ledger.projections.call_rules import (
     CALL_STATUSES,
     FAILED_STATUSES,
@@ -36,6 +36,7 @@ from usage_ledger.projections.engine import (
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.formulas import FORMULAS, RunStats, get_formula
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
+from usage_ledger.projections.reconcile import RunSpan, ServerTraffic
 from usage_ledger.projections.recorded import Returns, parse_as_of, recorded_labels, recorded_returns
 from usage_ledger.projections.rows import (
     CallsPage,
@@ -59,6 +60,7 @@ __all__ = (
     "IMPLAUSIBLE",
     "NO_END_STATUS",
     "PROJECTIONS",
+    "REPLAY_LABEL",
     "TRUNCATED_REASONS",
     "CallView",
     "CallsPage",
@@ -73,8 +75,10 @@ __all__ = (
     "Returns",
     "RowDifference",
     "RunRow",
+    "RunSpan",
     "RunStats",
     "ServerBlock",
+    "ServerTraffic",
     "SpecBlocks",
     "TickerRow",
     "WeekdayRow",

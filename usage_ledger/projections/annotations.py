@@ -16,7 +16,10 @@ from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import annotations_table
 from usage_ledger.projections.text import projection_tags, projection_text_or_none
 
-__all__ = ("Annotation", "AnnotationRow", "AnnotationsProjection", "labels_for_run", "load_annotations")
+__all__ = ("REPLAY_LABEL", "Annotation", "AnnotationRow", "AnnotationsProjection", "labels_for_run", "load_annotations")
+
+REPLAY_LABEL = "replay_of"
+"""The label `ledger replay` puts on the new run: the run whose requests it sent again."""
 
 _labels_encoder = msgspec.json.Encoder(order="sorted")
 _labels_decoder = msgspec.json.Decoder(dict[str, str])

@@ -4,10 +4,14 @@ A formula turns a run's aggregate statistics into tokens per second. Adding one 
 function plus `@formula("name")`; reports pick it by name (`--formula`), and `ledger recompute`
 shows the old and new numbers side by side. Formulas never change stored rows, so old numbers can
 always be reproduced.
+
+A run with no completed call has no throughput under any formula (registration adds the rule, once):
+nothing was delivered, and a run of failures would enter a mean as 0 tok/s.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from datetime import datetime
 
@@ -28,6 +32,8 @@ class RunStats(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     calls: int
+    completed_calls: int
+    """Calls with status `ok`."""
     output_tokens: int
     input_tokens: int
     first_start: datetime | None
@@ -50,8 +56,12 @@ def formula(name: str) -> Callable[[Formula], Formula]:
     """Register a formula under `name`."""
 
     def register(fn: Formula) -> Formula:
-        FORMULAS[name] = fn
-        return fn
+        @functools.wraps(fn)
+        def delivered(stats: RunStats) -> float | None:
+            return fn(stats) if stats.completed_calls else None
+
+        FORMULAS[name] = delivered
+        return delivered
 
     return register
 

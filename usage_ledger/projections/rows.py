@@ -45,9 +45,15 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     formula: str
     calls_per_ticker: CallsPerTicker | None
     hours_per_100_tickers: float | None
+    """Wall time per 100 tickers done (`tickers_done`); None for a run with no completed call."""
     labels: dict[str, str] = {}
     server: ServerBlock | None = None
     """What the server did during the run (projections.server); None where nothing was sampled."""
+    tickers_done: float | None = None
+    """Tickers counted by their calls done: each its calls ÷ the calls it had in the run this one replays
+    (`replay_of`), at most 1; each ticker 1 in a run that replays none. None: the run has no ticker."""
+    partial: bool = False
+    """The run did fewer calls than the run it replays (`ledger replay --limit`, or stopped early)."""
 
 
 class TickerRow(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,14 +12,14 @@ Speculative decoding prefers vLLM's per-request `speculative_decoding` blocks (r
 their sums are exactly this run's calls, where the counters also count whatever else the server
 served in the window. Otherwise, the counter deltas; `sources` says which.
 
-Reconciliation compares the window's deltas with the run's calls that completed: one engine
-request and one prompt per call. vLLM counts a call with `n` > 1 as n requests (the prompt n
-times) and an embeddings call with k inputs as k requests, so runs with such calls show a gap.
+Reconciliation has a window of its own, bounded by idle samples (`projections.reconcile`): the
+server's requests and tokens there are compared with every recorded call in it, whatever its run.
+vLLM counts a call with `n` > 1 as n requests (the prompt n times) and an embeddings call with k
+inputs as k requests, so windows with such calls show a gap.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -29,10 +29,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import ServerSampled, decode_event
 from usage_ledger.ledger.schema import events
+from usage_ledger.projections.reconcile import Reconciliation, WindowCheck, counter_deltas
 
-__all__ = ("Reconciliation", "ServerBlock", "SpecBlocks", "load_samples", "samples_of_run", "server_block")
+__all__ = ("ServerBlock", "SpecBlocks", "load_samples", "samples_of_run", "server_block")
 
 _COUNTER_SOURCE = "vllm counter deltas over the run window ({} samples)"
+_RECONCILE_SOURCE = "vllm counter deltas over the reconciliation window, between idle samples ({} samples)"
 _GAUGE_SOURCE = "vllm gauges in {} samples inside the run window"
 _BLOCKS_SOURCE = "vllm per-request speculative_decoding blocks summed over {} calls"
 _SPEC_FIELDS = ("spec_decode_acceptance_rate", "spec_decode_mean_acceptance_length")
@@ -45,14 +47,6 @@ class SpecBlocks(msgspec.Struct, frozen=True, kw_only=True):
     draft_tokens: int
     accepted_tokens: int
     steps: int
-
-
-class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
-    """Server minus ledger, per quantity: > 0 reached the server without passing through this gateway."""
-
-    requests: int
-    prompt_tokens: int
-    generation_tokens: int
 
 
 class ServerBlock(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,8 +64,14 @@ class ServerBlock(msgspec.Struct, frozen=True, kw_only=True):
     server_generation_tokens: int | None = None
     server_requests: int | None = None
     reconciled: bool | None = None
-    """None when the window has no sample on one side, or the server restarted inside it."""
+    """None when the reconciliation window has no idle sample on one side, or the server restarted inside it."""
     difference: Reconciliation | None = None
+    reconciled_with: list[str] = []
+    """The other runs in the reconciliation window (sent back to back with this one): checked together."""
+    reconcile_note: str | None = None
+    """Why `reconciled` is None, when the reconciliation window says."""
+    reconcile_window_start: datetime | None = None
+    reconcile_window_end: datetime | None = None
     restarts: int = 0
     config: dict[str, str] | None = None
     samples: int = 0
@@ -95,19 +95,6 @@ def samples_of_run(samples: Sequence[ServerSampled], run: str) -> list[ServerSam
         return []
     (upstream,) = upstreams
     return [s for s in samples if s.upstream == upstream]
-
-
-def _deltas(window: Sequence[ServerSampled]) -> tuple[dict[str, float], int]:
-    """Per counter, the sum of its increases between consecutive samples; and the restarts seen."""
-    totals: dict[str, float] = {}
-    restarts = 0
-    for before, after in itertools.pairwise(window):
-        if any(after.counters.get(name, 0.0) < value for name, value in before.counters.items()):
-            restarts += 1  # the server restarted between these two: this pair says nothing
-            continue
-        for name, value in after.counters.items():
-            totals[name] = totals.get(name, 0.0) + value - before.counters.get(name, 0.0)
-    return totals, restarts
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -154,19 +141,19 @@ def server_block(
     started_at: datetime | None,
     ended_at: datetime | None,
     *,
-    completed_calls: int,
-    input_tokens: int,
-    output_tokens: int,
+    check: WindowCheck | None,
     spec_blocks: SpecBlocks | None = None,
 ) -> ServerBlock | None:
     """The run's block; None when no sample brackets or falls inside its window and no per-request blocks exist.
 
-    With `spec_blocks` the two speculative-decoding figures are theirs, whatever the samples say.
+    `check` is the run's reconciliation window (`ServerTraffic.check`): the server's requests and tokens,
+    and whether they equal the ledger's, are its. With `spec_blocks` the two speculative-decoding figures
+    are theirs, whatever the samples say.
     """
     window, inside, bracketed = _window(samples, started_at, ended_at)
     if not window:
         return _blocks_only(spec_blocks) if spec_blocks is not None else None
-    deltas, restarts = _deltas(window) if bracketed else ({}, 0)
+    deltas, restarts = counter_deltas(window) if bracketed else ({}, 0)
 
     def delta(name: str) -> float | None:
         return deltas.get(name) if bracketed and name in window[-1].counters else None
@@ -175,24 +162,14 @@ def server_block(
     draft_tokens = delta("vllm:spec_decode_num_draft_tokens_total")
     accepted = delta("vllm:spec_decode_num_accepted_tokens_total")
     queries = delta("vllm:prefix_cache_queries_total")
-    requests = _count(delta("vllm:request_success_total"))
-    prompt = _count(delta("vllm:prompt_tokens_total"))
-    generation = _count(delta("vllm:generation_tokens_total"))
     gauges = inside or window
     running = [s.gauges["vllm:num_requests_running"] for s in gauges if "vllm:num_requests_running" in s.gauges]
     kv = [s.gauges["vllm:kv_cache_usage_perc"] for s in gauges if "vllm:kv_cache_usage_perc" in s.gauges]
     waiting = [s.gauges["vllm:num_requests_waiting"] for s in gauges if "vllm:num_requests_waiting" in s.gauges]
-    difference = None
-    reconciled = None
-    if requests is not None and prompt is not None and generation is not None and restarts == 0:
-        difference = Reconciliation(
-            requests=requests - completed_calls,
-            prompt_tokens=prompt - input_tokens,
-            generation_tokens=generation - output_tokens,
-        )
-        reconciled = difference == Reconciliation(requests=0, prompt_tokens=0, generation_tokens=0)
+    check = check or WindowCheck(problem="no server sample around the run")
     configs = [s.config for s in samples if s.config is not None and s.sampled_at <= window[-1].sampled_at]
     counter_source = _COUNTER_SOURCE.format(len(window))
+    reconcile_source = _RECONCILE_SOURCE.format(check.samples)
     gauge_source = _GAUGE_SOURCE.format(len(gauges))
     spec_source = counter_source
     if spec_blocks is not None:
@@ -207,11 +184,15 @@ def server_block(
         requests_waiting_max=max(waiting) if waiting else None,
         preemptions=_count(delta("vllm:num_preemptions_total")),
         prefix_cache_hit_rate=_ratio(delta("vllm:prefix_cache_hits_total"), queries),
-        server_prompt_tokens=prompt,
-        server_generation_tokens=generation,
-        server_requests=requests,
-        reconciled=reconciled,
-        difference=difference,
+        server_prompt_tokens=check.server_prompt_tokens,
+        server_generation_tokens=check.server_generation_tokens,
+        server_requests=check.server_requests,
+        reconciled=check.reconciled,
+        difference=check.difference,
+        reconciled_with=check.shared_with,
+        reconcile_note=check.problem,
+        reconcile_window_start=check.window_start,
+        reconcile_window_end=check.window_end,
         restarts=restarts,
         config=configs[-1] if configs else None,
         samples=len(window),
@@ -222,9 +203,9 @@ def server_block(
             "spec_decode_mean_acceptance_length": spec_source,
             "preemptions": counter_source,
             "prefix_cache_hit_rate": counter_source,
-            "server_prompt_tokens": counter_source,
-            "server_generation_tokens": counter_source,
-            "server_requests": counter_source,
+            "server_prompt_tokens": reconcile_source,
+            "server_generation_tokens": reconcile_source,
+            "server_requests": reconcile_source,
             "kv_cache_usage_max": gauge_source,
             "requests_running_mean": gauge_source,
             "requests_running_max": gauge_source,

@@ -42,14 +42,13 @@ from usage_ledger.ledger import (
     new_event,
     wait_up_to,
 )
-from usage_ledger.projections import NotFound, catch_up_all
+from usage_ledger.projections import REPLAY_LABEL, NotFound, catch_up_all
 from usage_ledger.replay.gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay.plan import ReplayPlan, ReplayRequest, load_body, plan_replay
 from usage_ledger.replay.upstream import check_upstream
 
 __all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "compare_replay", "describe", "replay_run")
 
-REPLAY_LABEL = "replay_of"
 DEFAULT_DEADLINE_S = 24 * 3600.0
 """A bound on the whole replay: the seed's dense run took 6 h 18 min (DESIGN §7); a day is ample."""
 CHECK_TIMEOUT_S = 30.0
