@@ -39,6 +39,13 @@ _SECTIONS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ),
     ),
     (
+        "cost (annotated price per hour × wall time)",
+        (
+            ("cost.per_100_tickers", "per 100 tickers"),
+            ("cost.per_million_output_tokens", "per M output tokens"),
+        ),
+    ),
+    (
         "latency, ms (vllm bench serve)",
         tuple(
             (f"{name}.{part}", f"{label} {part}")
@@ -93,6 +100,8 @@ def _notes(comparison: Comparison, letters: str) -> list[str]:
         why = left_out_reason(run.ok_calls, run.throughput_tps.get(run.formula), run.formula)
         if why is not None:
             lines.append(f"{letter}: no throughput and no hours per 100 tickers: {why}")
+        if run.cost is not None:
+            lines.append(f"{letter}: cost in {run.cost.currency} at {run.cost.price_per_hour:g} an hour")
         if run.partial and run.tickers_done is not None:
             lines.append(
                 f"{letter}: partial (fewer calls than the run it replays): hours per 100 tickers count "
@@ -123,7 +132,10 @@ def comparison_table(comparison: Comparison, metric_values: Callable[[RunCompari
         table.add_column(f"{letter}÷A", justify="right")
     formulas = sorted(runs[0].throughput_tps)
     first = ("throughput", tuple((f"throughput_tps.{f}", f"tok/s {f}") for f in formulas))
+    priced = any(run.cost is not None for run in runs)
     for title, rows in (_SECTIONS[0], first, *_SECTIONS[1:]):
+        if title.startswith("cost") and not priced:
+            continue  # without a price nothing is shown
         table.add_row(f"[bold]{title}[/bold]", *([""] * (len(runs) + len(comparison.ratios))))
         for key, label in rows:
             cells = [_cell(v[key]) for v in values]

@@ -209,6 +209,7 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
         ok_calls=sum(t.ok for t in times),
         labels=row.labels,
         server=row.server,
+        cost=row.cost,
     )
 
 
@@ -234,6 +235,8 @@ def metric_values(run: RunComparison) -> dict[str, float | None]:
         latency: Latency | None = getattr(run, name)
         for part in ("p50", "p90", "p99", "mean"):
             out[f"{name}.{part}"] = getattr(latency, part) if latency is not None else None
+    for name in COST_FIGURES:
+        out[f"cost.{name}"] = getattr(run.cost, name) if run.cost is not None else None
     server = run.server
     for name in _SERVER_FIGURES:
         value = getattr(server, name) if server is not None else None
@@ -253,8 +256,23 @@ _SERVER_FIGURES = (
 )
 
 
+COST_FIGURES = ("per_100_tickers", "per_million_output_tokens")
+
+
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
+
+
+def _currency(run: RunComparison) -> str | None:
+    return run.cost.currency if run.cost is not None else None
+
+
+def _ratios(column: RunComparison, first: RunComparison, base: dict[str, float | None]) -> dict[str, float | None]:
+    """Every figure ÷ the first run's; costs only in one currency (never converted)."""
+    values = {name: _ratio(value, base[name]) for name, value in metric_values(column).items()}
+    if _currency(column) != _currency(first):
+        values.update({f"cost.{name}": None for name in COST_FIGURES})
+    return values
 
 
 async def compare_runs(
@@ -282,7 +300,7 @@ async def compare_runs(
         Ratio(
             run=column.run,
             against=columns[0].run,
-            values={name: _ratio(value, base[name]) for name, value in metric_values(column).items()},
+            values=_ratios(column, columns[0], base),
         )
         for column in columns[1:]
     ]

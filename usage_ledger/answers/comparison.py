@@ -11,7 +11,7 @@ from datetime import datetime
 import msgspec
 
 from usage_ledger.answers.compare_latency import Latency
-from usage_ledger.projections import CallsPerTicker, ServerBlock
+from usage_ledger.projections import CallsPerTicker, RunCost, ServerBlock
 
 __all__ = ("Comparison", "Ratio", "RunComparison")
 
@@ -53,6 +53,8 @@ class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
     ok_calls: int
     labels: dict[str, str] = {}
     server: ServerBlock | None = None
+    cost: RunCost | None = None
+    """As `RunRow.cost`."""
     findings: list[str] = []
     """What `ledger audit` finds inside this run (sampling or model varying, the server restarting)."""
     differences: list[str] = []

@@ -29,7 +29,7 @@ from usage_ledger.answers.agreement_stats import check_scale, quadratic_weighted
 from usage_ledger.answers.compare import RunComparison, metric_values, run_column
 from usage_ledger.answers.eras import left_out_reason
 from usage_ledger.ledger import Database
-from usage_ledger.projections import ProjectionError, Returns, recorded_labels, recorded_returns
+from usage_ledger.projections import CostMeans, ProjectionError, Returns, cost_means, recorded_labels, recorded_returns
 
 __all__ = ("LATENCY_FIGURES", "SERVER_FIGURES", "Between", "Decision", "FlippedKey", "GroupFigures", "decide")
 
@@ -45,6 +45,8 @@ class GroupFigures(msgspec.Struct, frozen=True, kw_only=True):
     """The runs the throughput and hours figures rest on (means over these)."""
     left_out: dict[str, str] = {}
     """The runs left out of them, each with why (`eras.left_out_reason`)."""
+    cost: CostMeans | None = None
+    """Means of the measured runs priced (`ledger annotate --price-per-hour`); None: none is, or mixed currencies."""
     latency: dict[str, float | None]
     """`ledger compare`'s medians (`ttft_ms.p50`, `tpot_ms.p50`, `itl_ms.p50`, `e2e_ms.p50`), mean over the runs."""
     server: dict[str, float]
@@ -146,6 +148,7 @@ def _group(
         hours_per_100_tickers=_mean(column.hours_per_100_tickers for column in measured),
         measured_runs=len(measured),
         left_out=left_out,
+        cost=cost_means(column.cost for column in measured),
         latency={name: _mean(f[name] for f in figures) for name in LATENCY_FIGURES},
         server=server,
         self_qwk=self_qwk,

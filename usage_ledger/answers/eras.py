@@ -22,7 +22,7 @@ from usage_ledger.answers.filters import NO_FILTER, CallFilter
 from usage_ledger.answers.reports import runs_report
 from usage_ledger.answers.zones import in_zone
 from usage_ledger.ledger import Database
-from usage_ledger.projections import RunRow
+from usage_ledger.projections import CostMeans, RunRow, cost_means
 
 __all__ = ("EraRow", "era_of", "eras_report", "group_of", "left_out_reason", "measured_runs")
 
@@ -42,6 +42,8 @@ class EraRow(msgspec.Struct, frozen=True, kw_only=True):
     max_throughput_tps: float | None
     mean_wall_s: float | None
     formula: str
+    cost: CostMeans | None = None
+    """Means of the measured runs priced (`ledger annotate --price-per-hour`); None: none is, or in mixed currencies."""
 
 
 def group_of(run: RunRow, label: str) -> str | None:
@@ -90,6 +92,7 @@ def era_of(group: str | None, runs: list[RunRow], zone: ZoneInfo, formula: str) 
         max_throughput_tps=max(rates) if rates else None,
         mean_wall_s=statistics.fmean(walls) if walls else None,
         formula=formula,
+        cost=cost_means(r.cost for r in measured),
     )
 
 

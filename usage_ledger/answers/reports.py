@@ -34,6 +34,7 @@ from usage_ledger.projections import (
     live_version,
     load_annotations,
     load_samples,
+    run_cost,
     samples_of_run,
     server_block,
 )
@@ -89,6 +90,7 @@ def _run_row(
     wall = stats.wall_s
     tickers = len(counts)
     done, partial = _tickers_done(acc, whole)
+    hours = wall / 3600 * 100 / done if wall is not None and done and acc.completed() else None
     return RunRow(
         run=name,
         model=acc.model(),
@@ -107,9 +109,10 @@ def _run_row(
         calls_per_ticker=(
             CallsPerTicker(min=counts[0], median=float(statistics.median(counts)), max=counts[-1]) if counts else None
         ),
-        hours_per_100_tickers=wall / 3600 * 100 / done if wall is not None and done and acc.completed() else None,
+        hours_per_100_tickers=hours,
         tickers_done=done,
         partial=partial,
+        cost=run_cost(labels, wall, hours, acc.output),
         labels=labels,
         server=server_block(
             samples_of_run(samples, name),

@@ -16,7 +16,7 @@ from usage_ledger.commands.agreement import _width
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 from usage_ledger.imports import Recorded, extract_labels, import_labels, import_returns
 from usage_ledger.ledger import configure_logging
-from usage_ledger.projections import ProjectionError, parse_as_of
+from usage_ledger.projections import CostMeans, ProjectionError, parse_as_of
 
 __all__ = ("add_decide_parsers",)
 
@@ -143,6 +143,11 @@ def _cell(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
+def _cost(cost: CostMeans | None, name: str) -> str:
+    value = getattr(cost, name) if cost is not None else None
+    return "-" if cost is None or value is None else f"{value:,.2f} {cost.currency}"
+
+
 def _measured(group: GroupFigures) -> str:
     """How many runs the throughput and hours rest on, and which were left out and why."""
     left = "; ".join(f"not {run}: {why}" for run, why in group.left_out.items())
@@ -156,6 +161,9 @@ def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
         ("throughput_tps", _cell(a.throughput_tps, 1), _cell(b.throughput_tps, 1)),
         ("hours_per_100_tickers", _cell(a.hours_per_100_tickers, 2), _cell(b.hours_per_100_tickers, 2)),
     ]
+    if a.cost is not None or b.cost is not None:  # without a price nothing is shown
+        for name in ("per_100_tickers", "per_million_output_tokens"):
+            rows.append((f"cost.{name}", _cost(a.cost, name), _cost(b.cost, name)))
     rows += [(name, _cell(a.latency.get(name), 1), _cell(b.latency.get(name), 1)) for name in LATENCY_FIGURES]
     for name in sorted(a.server.keys() | b.server.keys()):
         rows.append((f"server.{name}", _cell(a.server.get(name)), _cell(b.server.get(name))))

@@ -134,7 +134,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _fmt(p)
     p.set_defaults(func=reports.recompute_command)
 
-    p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind)")
+    p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind, price per hour)")
     add_db_option(p)
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--run", help="the run to label")
@@ -143,6 +143,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--hardware")
     p.add_argument("--model")
     p.add_argument("--kind", choices=("nightly", "comparison"))
+    p.add_argument(
+        "--price-per-hour",
+        dest="price_per_hour",
+        metavar="P",
+        help="what an hour of the server costs (with --currency): eras, compare and decide show what runs cost",
+    )
+    p.add_argument("--currency", metavar="C", help="the price's currency, e.g. USD (with --price-per-hour)")
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
     p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")

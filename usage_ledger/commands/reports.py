@@ -44,7 +44,9 @@ from usage_ledger.ledger import (
     new_event,
 )
 from usage_ledger.projections import (
+    CURRENCY_LABEL,
     FORMULAS,
+    PRICE_LABEL,
     PROJECTIONS,
     ImportFailed,
     NotFound,
@@ -53,6 +55,7 @@ from usage_ledger.projections import (
     catch_up_all,
     follow_projections,
     get_formula,
+    parse_price,
     projection_named,
     projection_status,
     rebuild_projection,
@@ -199,6 +202,14 @@ def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> 
             f"label a run with `ledger annotate --run R {flag}`"
         )
     for row in rows:
+        if isinstance(row, EraRow) and row.cost is not None:
+            cost, per_m = row.cost, row.cost.per_million_output_tokens
+            per_100 = "-" if cost.per_100_tickers is None else f"{cost.per_100_tickers:,.2f}"
+            notes.append(
+                f"{row.group or '-'}: {per_100} {cost.currency} per 100 tickers, "
+                f"{'-' if per_m is None else f'{per_m:,.2f}'} {cost.currency} per M output tokens "
+                f"(mean of {cost.priced_runs} priced runs)"
+            )
         if isinstance(row, EraRow) and row.left_out:
             why = "; ".join(f"{n} with {reason}" for reason, n in sorted(row.left_out.items()))
             notes.append(
@@ -295,8 +306,12 @@ def annotate_command(args: argparse.Namespace) -> int:
         for key in ("hardware", "model", "kind"):
             if getattr(args, key):
                 labels[key] = getattr(args, key)
+        labels.update(_price_labels(args.price_per_hour, args.currency))
         if not labels:
-            raise ConfigError("nothing to annotate: give --hardware, --model, --kind or --label NAME=VALUE")
+            raise ConfigError(
+                "nothing to annotate: give --hardware, --model, --kind, --price-per-hour P --currency C "
+                "or --label NAME=VALUE"
+            )
         start = _when(args.start, "--from") if args.start else None
         end = _when(args.end, "--to") if args.end else None
         if args.end and args.run:
@@ -314,6 +329,19 @@ def annotate_command(args: argparse.Namespace) -> int:
         return 0
 
     return run_command(main)
+
+
+def _price_labels(price: str | None, currency: str | None) -> dict[str, str]:
+    """The price labels (`projections.cost`): both flags or neither, a positive price, a currency without spaces."""
+    if price is None and currency is None:
+        return {}
+    if price is None or currency is None:
+        raise ConfigError("--price-per-hour and --currency go together, e.g. --price-per-hour 1.89 --currency USD")
+    if parse_price(price) is None:
+        raise ConfigError(f"--price-per-hour {price!r}: give a number above 0, e.g. 1.89")
+    if not currency.strip() or any(c.isspace() for c in currency.strip()):
+        raise ConfigError(f"--currency {currency!r}: give a currency code without spaces, e.g. USD")
+    return {PRICE_LABEL: str(parse_price(price)), CURRENCY_LABEL: currency.strip()}
 
 
 async def _require_run(database: Database, run: str, run_gap_s: float) -> None:

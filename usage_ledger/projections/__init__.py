@@ -4,7 +4,7 @@ rebuilt from them.
 `tables` (the read models' tables, queried with plain SQL like the ledger's `schema`), the folds
 (`call_fold` with `call_rules` and `_slim` into `calls`, `annotations`, `server` with `reconcile`), the follower and its
 checkpoints (`engine`), rebuild and formula promotion (`rebuild`), the digest two backends compare
-(`_digest_lines`, `_sqlite_digest`), the throughput `formulas`, the report `rows`, and the labels and
+(`_digest_lines`, `_sqlite_digest`), the throughput `formulas`, a run's `cost`, the report `rows`, and the labels and
 returns recorded (`recorded`). Imports `ledger` only; what answers questions from these tables lives in
 `usage_ledger.answers`, what appends events from files in `usage_ledger.imports`. `verify`: the stored read
 models against the events folded again (`ledger verify --read-models`).
@@ -23,6 +23,15 @@ from usage_ledger.projections.call_rules import (
     ended_at,
     finished_status,
     plausible_tokens,
+)
+from usage_ledger.projections.cost import (
+    CURRENCY_LABEL,
+    PRICE_LABEL,
+    CostMeans,
+    RunCost,
+    cost_means,
+    parse_price,
+    run_cost,
 )
 from usage_ledger.projections.engine import (
     PROJECTIONS,
@@ -55,16 +64,19 @@ from usage_ledger.projections.verify import ReadModelCheck, RowDifference, verif
 
 __all__ = (
     "CALL_STATUSES",
+    "CURRENCY_LABEL",
     "FAILED_STATUSES",
     "FORMULAS",
     "IMPLAUSIBLE",
     "NO_END_STATUS",
+    "PRICE_LABEL",
     "PROJECTIONS",
     "REPLAY_LABEL",
     "TRUNCATED_REASONS",
     "CallView",
     "CallsPage",
     "CallsPerTicker",
+    "CostMeans",
     "DailyRow",
     "ImportFailed",
     "NotFound",
@@ -74,6 +86,7 @@ __all__ = (
     "ReportSettings",
     "Returns",
     "RowDifference",
+    "RunCost",
     "RunRow",
     "RunSpan",
     "RunStats",
@@ -83,6 +96,7 @@ __all__ = (
     "TickerRow",
     "WeekdayRow",
     "catch_up_all",
+    "cost_means",
     "decode_rate_note",
     "ended_at",
     "finished_status",
@@ -93,6 +107,7 @@ __all__ = (
     "load_annotations",
     "load_samples",
     "parse_as_of",
+    "parse_price",
     "plausible_tokens",
     "projection_named",
     "projection_status",
@@ -102,6 +117,7 @@ __all__ = (
     "rebuild_projection",
     "recorded_labels",
     "recorded_returns",
+    "run_cost",
     "samples_of_run",
     "server_block",
     "set_formula",

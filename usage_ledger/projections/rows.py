@@ -6,6 +6,7 @@ from datetime import datetime
 
 import msgspec
 
+from usage_ledger.projections.cost import RunCost
 from usage_ledger.projections.server import ServerBlock
 
 __all__ = (
@@ -54,6 +55,8 @@ class RunRow(msgspec.Struct, frozen=True, kw_only=True):
     (`replay_of`), at most 1; each ticker 1 in a run that replays none. None: the run has no ticker."""
     partial: bool = False
     """The run did fewer calls than the run it replays (`ledger replay --limit`, or stopped early)."""
+    cost: RunCost | None = None
+    """What the run cost at the price per hour annotated on it (`projections.cost`); None without one."""
 
 
 class TickerRow(msgspec.Struct, frozen=True, kw_only=True):
