@@ -128,8 +128,8 @@ def test_machine_formats_keep_every_field_and_raw_values(backend_url: str, capsy
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "csv")
     assert code == 0
     header = lines[0].split(",")
-    assert len(header) == 26 and header[:3] == ["run", "model", "calls"]  # truncated_calls among them
-    assert header[-2:] == ["tickers_done", "partial"]
+    assert len(header) == 31 and header[:3] == ["run", "model", "calls"]  # truncated_calls among them
+    assert header[-7:-5] == ["tickers_done", "partial"] and header[-1] == "cost.per_million_output_tokens"
     assert lines[1].split(",")[header.index("input_tokens")] == "1235567"  # no separators in CSV
     assert "1,235,567" not in "\n".join(lines)
     code, lines, _ = _run(capsys, "report", "runs", "--db", db, "--format", "json")

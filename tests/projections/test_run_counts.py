@@ -4,6 +4,7 @@ calls done and says it is partial."""
 
 from __future__ import annotations
 
+import asyncio
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -12,7 +13,8 @@ from tests.projections.helpers import append, finished, started
 from usage_ledger.answers.decide import decide
 from usage_ledger.answers.eras import eras_report
 from usage_ledger.answers.reports import runs_report
-from usage_ledger.ledger.db import Database
+from usage_ledger.cli import main
+from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.events import NewEvent, RunAnnotated, new_event
 from usage_ledger.projections.annotations import REPLAY_LABEL
 
@@ -77,3 +79,30 @@ async def test_a_partial_replay_counts_tickers_by_calls_done(database: Database)
     assert again.hours_per_100_tickers == rows["orig"].hours_per_100_tickers
     (alone,) = await runs_report(database, run="part")  # one run asked for: the run it replays is still read
     assert alone.tickers_done == part.tickers_done and alone.partial
+
+
+def test_the_runs_table_says_which_run_is_partial_or_failed(
+    backend_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["db", "upgrade", "--db", backend_url]) == 0
+
+    async def seed() -> None:
+        database = open_database(backend_url, null_pool=True)
+        try:
+            note = RunAnnotated(labels={REPLAY_LABEL: "orig"}, run="part")
+            await append(
+                database,
+                *run_calls("orig", 0, {"A": 4, "B": 4}),
+                *run_calls("part", 1000, {"A": 2}),
+                *run_calls("all-404", 2000, {"A": 3}, status=404),
+                new_event(note, stream="run-part"),
+            )
+        finally:
+            await database.dispose()
+
+    asyncio.run(seed())
+    capsys.readouterr()
+    assert main(["report", "runs", "--db", backend_url]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "part: partial, fewer calls than the run it replays; h/100 tickers count 0.50 tickers" in out
+    assert "all-404: no completed call: no tok/s, in no mean" in out

@@ -11,9 +11,11 @@ JSON and CSV are machine formats: every field, raw values, whatever the terminal
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import shutil
 import sys
+import typing
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -126,11 +128,21 @@ def flatten(row: msgspec.Struct) -> dict[str, Any]:
                 out[f"{name}.{child}"] = getattr(value, child)
         elif isinstance(value, dict):
             out[name] = ",".join(f"{k}={v}" for k, v in sorted(value.items()))
-        elif name in ("calls_per_ticker",) and value is None:
-            out.update({f"{name}.min": None, f"{name}.median": None, f"{name}.max": None})
+        elif value is None and (nested := _struct_field(type(row), name)) is not None:
+            out.update({f"{name}.{child}": None for child in nested.__struct_fields__})  # columns as when present
         else:
             out[name] = value
     return out
+
+
+@functools.cache
+def _struct_field(row_type: type[msgspec.Struct], name: str) -> type[msgspec.Struct] | None:
+    """The Struct a field holds when it is not None (`calls_per_ticker`, `cost`), else None."""
+    hint = typing.get_type_hints(row_type).get(name)
+    for arg in typing.get_args(hint) or (hint,):
+        if isinstance(arg, type) and issubclass(arg, msgspec.Struct):
+            return arg
+    return None
 
 
 def parse_columns(text: str | None) -> list[str] | None:

@@ -202,6 +202,13 @@ def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> 
             f"label a run with `ledger annotate --run R {flag}`"
         )
     for row in rows:
+        if isinstance(row, RunRow) and row.partial and row.tickers_done is not None:
+            notes.append(
+                f"{row.run}: partial, fewer calls than the run it replays; h/100 tickers count "
+                f"{row.tickers_done:.2f} tickers by their calls done"
+            )
+        if isinstance(row, RunRow) and not row.calls - row.failed_calls - row.incomplete_calls:
+            notes.append(f"{row.run}: no completed call: no tok/s, in no mean")
         if isinstance(row, EraRow) and row.cost is not None:
             cost, per_m = row.cost, row.cost.per_million_output_tokens
             per_100 = "-" if cost.per_100_tickers is None else f"{cost.per_100_tickers:,.2f}"
