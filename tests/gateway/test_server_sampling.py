@@ -112,6 +112,7 @@ async def test_runs_back_to_back_reconcile_and_calls_around_the_gateway_are_caug
     assert [rows[run]["reconciled"] for run in ("qwk-1", "qwk-2", "qwk-3")] == [True] * 3, result.stdout
     assert rows["qwk-4"]["reconciled"] is False and rows["qwk-4"]["requests_difference"] == 3, result.stdout
     assert rows["qwk-4"]["generation_tokens_difference"] == 3 * 10
+    assert rows["qwk-4"]["window_calls"] == 6 and rows["qwk-4"]["server_requests"] == 9  # its window: its own
     assert "bypassed the gateway" in rows["qwk-4"]["note"] and "shared" not in rows["qwk-4"]["note"]
 
 

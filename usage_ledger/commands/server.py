@@ -21,6 +21,8 @@ class ReconcileRow(msgspec.Struct, frozen=True, kw_only=True):
     run: str
     reconciled: bool | None
     calls: int
+    window_calls: int | None
+    """The completed calls recorded in the reconciliation window: this run's and those of the runs checked with it."""
     server_requests: int | None
     requests_difference: int | None
     """Server minus ledger: > 0 reached the server without passing through this gateway."""
@@ -55,6 +57,11 @@ def _row(run: RunRow) -> ReconcileRow:
         run=run.run,
         reconciled=server.reconciled if server is not None else None,
         calls=run.calls - run.failed_calls - run.incomplete_calls,
+        window_calls=(
+            server.server_requests - difference.requests
+            if server is not None and server.server_requests is not None and difference is not None
+            else None
+        ),
         server_requests=server.server_requests if server is not None else None,
         requests_difference=difference.requests if difference is not None else None,
         prompt_tokens_difference=difference.prompt_tokens if difference is not None else None,
