@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.ledger.helpers import build_ledger
-from tests.ui.seed import seed_ledger, seed_wide_ledger
+from tests.ui.seed import seed_busy_ledger, seed_ledger, seed_wide_ledger
 from usage_ledger.ledger.db import Database
 
 TOKEN = "s3cret-admin-token"
@@ -114,6 +114,16 @@ def open_ui(ledger_url: str) -> Iterator[UiServer]:
 def wide_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
     """`ledger ui` over seed_wide_ledger: numbers wide enough to find a clipped axis."""
     process, server = start_ui(seeded_ledger(tmp_path_factory.mktemp("ui-wide") / "ledger.db", seed_wide_ledger))
+    try:
+        yield server
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def busy_ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
+    """`ledger ui` over seed_busy_ledger: many categories with long labels, a run whose calls all failed."""
+    process, server = start_ui(seeded_ledger(tmp_path_factory.mktemp("ui-busy") / "ledger.db", seed_busy_ledger))
     try:
         yield server
     finally:

@@ -18,7 +18,15 @@ from tests.projections.helpers import append, at, failed, finished, started
 from usage_ledger.ledger.append import append_events
 from usage_ledger.ledger.blobs import BlobCompressor, redact_blob
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import BlobRedacted, RunAnnotated, ServerSampled, new_event
+from usage_ledger.ledger.events import (
+    BlobRedacted,
+    CallFinished,
+    NewEvent,
+    RunAnnotated,
+    ServerSampled,
+    Timings,
+    new_event,
+)
 from usage_ledger.projections.engine import catch_up_all
 
 MOE_CALLS = 6
@@ -108,5 +116,50 @@ async def seed_wide_ledger(database: Database) -> None:
             done = finished(call, t0, t0 + 10, prompt=900_000_000, completion=5_000_000 - r, ttft=0.2 + 0.1 * r)
             events.append(done)
         events.append(new_event(RunAnnotated(run=run, labels={"hardware": f"gpu-{r}"}), stream=f"run-{run}"))
+    await append(database, *events)
+    await catch_up_all(database)
+
+
+BUSY_RUN = "busy"
+BUSY_TICKERS = 20
+BUSY_CALLS = 130
+BUSY_STREAMED = BUSY_CALLS // 2
+"""`busy`: 130 calls over 20 tickers (5 to 8 each), every even call streamed (token times), the odd ones not."""
+ERA_RUNS = 12
+"""`era-0` … `era-11`: a call a day, each under a long model name (many wide labels on the x axes)."""
+FAILED_RUN = "broken"
+FAILED_CALLS = 3
+"""`broken`: every call failed."""
+
+
+def _unstreamed(call_id: str, t0: float, t1: float) -> NewEvent:
+    """A call answered in one piece: no first or last token time, so no TTFT or TPOT."""
+    event = finished(call_id, t0, t1, completion=150)
+    body = event.body
+    assert isinstance(body, CallFinished)
+    timings = Timings(received=at(t0), upstream_headers=at(t0 + 0.1), finished=at(t1))
+    return msgspec.structs.replace(event, body=msgspec.structs.replace(body, timings=timings))
+
+
+async def seed_busy_ledger(database: Database) -> None:
+    """Many categories and long labels, for the dashboard on a narrow screen, and a run whose calls all failed."""
+    events = []
+    for i in range(BUSY_CALLS):
+        t0 = 2.0 * i
+        ticker = f"TICKER-{i % BUSY_TICKERS:02d}" if i < 100 else f"TICKER-{i % 10:02d}"
+        events.append(started(f"busy-{i}", t0, run=BUSY_RUN, ticker=ticker, model="qwen3-30b-a3b-instruct"))
+        if i % 2 == 0:
+            events.append(finished(f"busy-{i}", t0, t0 + 6, completion=150, ttft=0.1 + 0.01 * (i % 7)))
+        else:
+            events.append(_unstreamed(f"busy-{i}", t0, t0 + 6))
+    for r in range(ERA_RUNS):
+        t0 = 86_400.0 * (r + 2)
+        call = f"era-{r}-0"
+        events.append(started(call, t0, run=f"era-{r}", ticker="AAPL", model=f"model-family-{r}-instruct-fp8"))
+        events.append(finished(call, t0, t0 + 5, prompt=50_000_000 + r, completion=7_000_000 + r))
+    for i in range(FAILED_CALLS):
+        t0 = 86_400.0 * 20 + i
+        events.append(started(f"broken-{i}", t0, run=FAILED_RUN, ticker="AAPL", model="qwen3-30b-a3b-instruct"))
+        events.append(failed(f"broken-{i}", t0, t0 + 1))
     await append(database, *events)
     await catch_up_all(database)

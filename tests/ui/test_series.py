@@ -9,7 +9,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from usage_ledger.projections.rows import CallView
-from usage_ledger.ui.series import bucket_width_s, histogram, in_flight_series, output_rate_series, tpot_values
+from usage_ledger.ui.series import (
+    bucket_width_s,
+    histogram,
+    in_flight_series,
+    nothing_to_draw,
+    output_rate_series,
+    token_times_source,
+    tpot_values,
+)
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -85,3 +93,23 @@ def test_a_histogram_holds_every_value(values: list[float]) -> None:
 
 def test_bucket_widths_are_round() -> None:
     assert [bucket_width_s(s) for s in (10, 200, 3600, 86_400, 10**7, 10**8)] == [1, 2, 30, 900, 86_400, 833_334]
+
+
+def test_an_empty_chart_says_why() -> None:
+    failed = [
+        call(0, 1, out=0, status="failed"),
+        call(1, 2, out=0, status="failed"),
+        call(2, None, status="incomplete"),
+    ]
+    assert output_rate_series(failed).source == "no ok call among the run's 3: 2 failed, 1 still open"
+    assert nothing_to_draw([]) == "no calls in this run"
+    assert nothing_to_draw([*failed, call(0, 5, first=1)]) is None
+    assert token_times_source("ttft_s", 0, failed) == "no ok call among the run's 3: 2 failed, 1 still open"
+
+
+def test_token_time_sources_count_the_ok_calls_they_leave_out() -> None:
+    calls = [call(0, 10, first=1), call(0, 10), call(0, 10), call(0, 1, status="failed")]
+    values = [c.ttft_s for c in calls if c.status == "ok" and c.ttft_s is not None]
+    assert token_times_source("ttft_s", len(values), calls) == (
+        "ttft_s: 1 of the 3 ok calls (only a streamed call has token times)"
+    )

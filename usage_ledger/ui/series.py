@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -24,8 +25,10 @@ __all__ = (
     "bucket_width_s",
     "histogram",
     "in_flight_series",
+    "nothing_to_draw",
     "output_rate_series",
     "server_series",
+    "token_times_source",
     "tpot_values",
     "ttft_values",
 )
@@ -89,7 +92,7 @@ def output_rate_series(calls: Sequence[CallView], buckets: int = 120) -> Series:
         begun = _ts(call.first_token_at or call.started_at)
         spans.append((begun, max(_ts(call.last_token_at or call.ended_at), begun), call.output_tokens))
     if not spans:
-        return Series(x=[], y=[], source="no finished call with output tokens yet")
+        return Series(x=[], y=[], source=nothing_to_draw(calls) or "no finished call has output tokens")
     begin = min(s[0] for s in spans)
     end = max(s[1] for s in spans)
     width = bucket_width_s(end - begin, buckets)
@@ -114,6 +117,29 @@ def output_rate_series(calls: Sequence[CallView], buckets: int = 120) -> Series:
         y=[t / width for t in tokens],
         source=f"calls projection: output_tokens spread over first_token_at..last_token_at, {width} s buckets",
     )
+
+
+def nothing_to_draw(calls: Sequence[CallView]) -> str | None:
+    """Why the charts of a run's ok calls are empty (every call failed, none finished yet), or None when one is ok:
+    an empty chart says why, not "yet" for a run that is over."""
+    if not calls:
+        return "no calls in this run"
+    if any(c.status == "ok" for c in calls):
+        return None
+    statuses = Counter(c.status for c in calls if c.ended_at is not None)
+    open_calls = sum(1 for c in calls if c.ended_at is None)
+    parts = [f"{n} {status}" for status, n in sorted(statuses.items())] + (
+        [f"{open_calls} still open"] * bool(open_calls)
+    )
+    return f"no ok call among the run's {len(calls)}: " + ", ".join(parts)
+
+
+def token_times_source(what: str, values: int, calls: Sequence[CallView]) -> str:
+    """The line under a TTFT or TPOT histogram: whose figures these are, and how many of the ok calls have them."""
+    ok = sum(1 for c in calls if c.status == "ok")
+    if not ok:
+        return nothing_to_draw(calls) or ""
+    return f"{what}: {values:,} of the {ok:,} ok calls (only a streamed call has token times)"
 
 
 def ttft_values(calls: Sequence[CallView]) -> list[float]:

@@ -34,6 +34,7 @@ from usage_ledger.ui.series import (
     in_flight_series,
     output_rate_series,
     server_series,
+    token_times_source,
     tpot_values,
     ttft_values,
 )
@@ -144,16 +145,19 @@ async def run_view(reader: Reader, run: str, *, formula: str | None = None) -> R
     calls = await run_calls(database, run, run_gap_s=gap)
     tickers = await tickers_report(database, run=run, run_gap_s=gap, refresh=False)
     samples = await run_samples(database, row)
+    ttft, tpot = ttft_values(calls), tpot_values(calls)
     return RunView(
         run=row,
         live=_is_live(calls, datetime.now(UTC), gap),
         in_flight=in_flight_series(calls),
         output_rate=output_rate_series(calls),
-        ttft=histogram(ttft_values(calls), unit="s", source="calls projection: ttft_s of the ok calls"),
+        ttft=histogram(ttft, unit="s", source=token_times_source("calls projection: ttft_s", len(ttft), calls)),
         tpot=histogram(
-            [v * 1000 for v in tpot_values(calls)],
+            [v * 1000 for v in tpot],
             unit="ms",
-            source="ok calls: (e2e - TTFT) / (output tokens - 1), as ledger compare and vllm bench serve",
+            source=token_times_source(
+                "(e2e - TTFT) / (output tokens - 1), as ledger compare and vllm bench serve", len(tpot), calls
+            ),
         ),
         tickers=tickers,
         server=server_series(samples) if samples else None,

@@ -59,25 +59,36 @@
     return uPlot.paths.bars({ size: [size || 0.6, 60], align: align || 0 });
   }
 
-  // an x axis of named positions 0..n-1; at most ~14 of them labelled
+  // An x axis of named positions 0..n-1, every step-th labelled: at most ~14, and never closer than the
+  // widest label needs (on a phone, 20 tickers side by side overlapped). y from zero: counts and means
+  // are read against their bar's height.
+  const LABEL_GAP_PX = 8;
+  const fromZero = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
   function categories(labels) {
-    const step = Math.max(1, Math.ceil(labels.length / 14));
+    function splits(u) {
+      measure.font = u.axes[0].font[0];
+      const widest = labels.reduce((w, l) => Math.max(w, measure.measureText(String(l ?? "")).width), 0) / uPlot.pxRatio;
+      const slot = u.bbox.width / uPlot.pxRatio / Math.max(1, labels.length);
+      const step = Math.max(1, Math.ceil(labels.length / 14), Math.ceil((widest + LABEL_GAP_PX) / slot));
+      return labels.map((_, i) => i).filter((i) => i % step === 0);
+    }
     return {
-      scales: { x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] } },
+      scales: { x: { time: false, range: [-0.5, Math.max(0.5, labels.length - 0.5)] }, y: fromZero },
       axes: [
-        {
-          splits: () => labels.map((_, i) => i).filter((i) => i % step === 0),
-          values: (u, splits) => splits.map((i) => String(labels[i] ?? "")),
-        },
+        { splits: splits, values: (u, splits) => splits.map((i) => String(labels[i] ?? "")) },
         { values: tickValues },
       ],
     };
   }
 
+  // x from the first bin's left edge to the last one's right (uPlot's own range ends at the outer bars' middles,
+  // cutting them in half); one bin of equal values gets a little room either side
   function histogram(name, h) {
     const mids = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+    const lo = h.edges[0], hi = h.edges[h.edges.length - 1];
+    const pad = hi - lo > 1e-6 ? 0 : Math.max(Math.abs(lo) * 0.1, 1e-3);
     draw(name, {
-      scales: { x: { time: false } },
+      scales: { x: h.edges.length ? { time: false, range: [lo - pad, hi + pad] } : { time: false } },
       axes: [{ label: h.unit, values: tickValues }, {}],
       series: [{ label: h.unit }, { label: "calls", fill: colours[0] + "88", stroke: colours[0], paths: bars(0, 0.9) }],
     }, [mids, h.counts]);
@@ -131,9 +142,9 @@
       draw("output-rate", { series: [{}, { label: "output tok/s", stroke: colours[1] }] }, [view.output_rate.x, view.output_rate.y]);
       setSource("output_rate", view.output_rate.source);
       histogram("ttft", view.ttft);
-      setSource("ttft", view.ttft.source + " (" + view.ttft.values + " calls)");
+      setSource("ttft", view.ttft.source);
       histogram("tpot", view.tpot);
-      setSource("tpot", view.tpot.source + " (" + view.tpot.values + " calls)");
+      setSource("tpot", view.tpot.source);
       const tickers = view.tickers.map((t) => t.ticker);
       draw("tickers", Object.assign(categories(tickers), {
         series: [{}, { label: "calls", fill: colours[2] + "88", stroke: colours[2], paths: bars(0, 0.8) }],
@@ -168,19 +179,18 @@
         return row ? row.mean_throughput_tps : null;
       })));
       const opts = categories(names);
-      opts.scales.y = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
       draw("eras", Object.assign(opts, { series: series }), data);
     },
 
     async daily() {
       const el = document.querySelector('[data-chart="daily"]');
       const view = await getJson(el.dataset.src);
+      // input and output tokens differ tenfold: each on its own axis, coloured as its bars (the page says so)
       const tokenAxes = (first) => [first,
-        { scale: "in", label: "input tokens", values: tickValues },
-        { scale: "out", side: 1, label: "output tokens", grid: { show: false }, values: tickValues }];
+        { scale: "in", label: "input tokens (left scale)", stroke: colours[0], values: tickValues },
+        { scale: "out", side: 1, label: "output tokens (right scale)", stroke: colours[1], grid: { show: false }, values: tickValues }];
       const tokenSeries = () => [{}, { label: "input tokens", scale: "in", fill: colours[0] + "99", stroke: colours[0], paths: bars(-1, 0.35) },
         { label: "output tokens", scale: "out", fill: colours[1] + "99", stroke: colours[1], paths: bars(1, 0.35) }];
-      const fromZero = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
       const days = view.days.map((d) => d.day);
       const perDay = categories(days);
       Object.assign(perDay.scales, { in: fromZero, out: fromZero });
@@ -206,7 +216,6 @@
           paths: groupedBars(i, runs.length, names.length),
         })));
         const opts = categories(names);
-        opts.scales.y = { range: (u, lo, hi) => [0, hi * 1.1 || 1] };
         return [Object.assign(opts, { series: series }), [names.map((_, i) => i)].concat(runs.map((r) => names.map((n) => value(r, n))))];
       };
       const formulas = Object.keys(runs[0].throughput_tps);
@@ -244,6 +253,36 @@
     });
   }
 
+  // Compare's picker sends the runs in the order they were ticked (the first is the baseline), not the list's
+  function pickInOrder(form) {
+    const boxes = Array.from(form.querySelectorAll("input[type=checkbox][name=run]"));
+    const order = boxes.filter((b) => b.checked).sort((a, b) => Number(a.dataset.rank) - Number(b.dataset.rank));
+    const show = () => boxes.forEach((b) => { b.parentElement.querySelector(".rank").textContent = b.checked ? String(order.indexOf(b) + 1) : ""; });
+    boxes.forEach((box) => box.addEventListener("change", () => {
+      if (box.checked) order.push(box); else order.splice(order.indexOf(box), 1);
+      show();
+    }));
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const query = new URLSearchParams(order.map((b) => ["run", b.value]));
+      window.location.assign(window.location.pathname + "?" + query.toString());
+    });
+    show();
+  }
+
+  // a tick box per run that adds its name to (or takes it from) a comma-separated field, e.g. Decide's groups
+  function pickInto(box) {
+    const field = box.form.elements[box.dataset.pickInto];
+    const names = () => field.value.split(",").map((n) => n.trim()).filter((n) => n !== "");
+    box.checked = names().includes(box.value);
+    box.addEventListener("change", () => {
+      const rest = names().filter((n) => n !== box.value);
+      field.value = (box.checked ? rest.concat([box.value]) : rest).join(",");
+    });
+  }
+
+  document.querySelectorAll("form[data-ordered]").forEach(pickInOrder);
+  document.querySelectorAll("input[data-pick-into]").forEach(pickInto);
   document.querySelectorAll("table.sortable").forEach(sortable);
   const run = pages[main.dataset.page];
   if (run) {
