@@ -338,10 +338,12 @@ _ERROR = b'{"error": {"message": "overloaded", "type": "ServiceUnavailable", "pa
 @contextlib.contextmanager
 def _upstream(*, models: int, post: str) -> Iterator[str]:
     """An HTTP server: GET /v1/models answers `models` (200: a model list); a POST is answered
-    "alternately" 200 and 503, or "never" (held open until the test ends)."""
+    "alternately" 200 and 503, "never" (held open until the test ends), or 200 until the server
+    "dies after 3": the third answer is sent once the port is closed."""
     release = threading.Event()
     answers = itertools.cycle((200, 503))
     lock = threading.Lock()
+    posts = itertools.count(1)
 
     class Handler(BaseHTTPRequestHandler):
         def _send(self, status: int, body: bytes) -> None:
@@ -361,6 +363,12 @@ def _upstream(*, models: int, post: str) -> Iterator[str]:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             if post == "never":
                 release.wait()
+                return
+            if post == "dies after 3":
+                if next(posts) == 3:
+                    server.shutdown()  # serve_forever runs in another thread
+                    server.server_close()
+                self._send(200, _ANSWER)
                 return
             with lock:
                 status = next(answers)
@@ -445,3 +453,33 @@ async def test_failed_calls_exit_1_and_are_counted_last(recorded: Database, back
     assert result.returncode == 1, result.stdout + result.stderr
     assert "2 answered 2xx, 2 with an error status; 2 of 4 calls failed" in _last_line(result)
     assert [c.status for c in await _calls(recorded, f"{RUN}-replay-1")] == ["ok", "error", "ok", "error"]
+
+
+async def test_a_model_the_upstream_does_not_serve_is_refused_before_sending(
+    recorded: Database, dense: Process, backend_url: str, tmp_path: Path
+) -> None:
+    before = await _event_count(recorded)
+    result = _replay(backend_url, tmp_path, RUN, "--upstream", _url(dense))  # serves emulator-dense only
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "serves 'emulator-dense', not 'emulator-moe'" in result.stderr
+    assert "--model emulator-dense" in result.stderr and "nothing was sent or recorded" in result.stderr
+    assert await _event_count(recorded) == before
+    # named explicitly, a name is sent as given (a proxy may route names it does not list)
+    with _upstream(models=200, post="alternately") as lists_moe:
+        sent = _replay(backend_url, tmp_path, RUN, "--upstream", lists_moe, "--model", "unlisted", "--limit", "1")
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+
+
+async def test_an_upstream_that_dies_mid_replay_stops_it_after_a_few_unreachable_calls(
+    recorded: Database, backend_url: str, tmp_path: Path
+) -> None:
+    with _upstream(models=200, post="dies after 3") as dying:
+        result = _replay(backend_url, tmp_path, RUN, "--upstream", dying, "--concurrency", "1")
+        last = _last_line(result)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert last.startswith(f"stopped, {dying} unreachable for 5 calls in a row: replayed 8 requests"), last
+    assert f"3 answered 2xx, 5 with an error status, {CALLS - 8} not sent; 5 of 8 calls failed" in last
+    replay = await _calls(recorded, f"{RUN}-replay-1")
+    assert [(c.status, c.failure_reason) for c in replay] == [("ok", None)] * 3 + [
+        ("failed", "upstream_unreachable")
+    ] * 5

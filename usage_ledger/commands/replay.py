@@ -3,8 +3,9 @@
 It owns what a terminal needs: the settings (the replay's own spool beside a running `ledger
 serve`'s), quiet logs under the progress bar, Ctrl-C (the first stops cleanly, a second at once),
 the comparison, and the summary line printed last. Exit codes: 0 every call answered 2xx; 1 some
-failed (said in the last line) or the deadline stopped it; 2 bad usage, or an upstream that does not
-answer GET /v1/models (nothing sent or recorded); 130 Ctrl-C.
+failed (said in the last line), or the deadline or an unreachable upstream stopped it; 2 bad usage, an
+upstream that does not answer GET /v1/models, or one that does not list the recorded models while no
+--model is given (nothing sent or recorded); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _replay_command(args: argparse.Namespace) -> int:
             await database.dispose()
         if result.interrupted:
             return INTERRUPTED
-        return CALLS_FAILED if failed or result.deadline_reached else 0
+        return CALLS_FAILED if failed or result.deadline_reached or result.upstream_lost else 0
 
     return run_command(main)
 

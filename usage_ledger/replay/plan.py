@@ -72,6 +72,8 @@ class ReplayRequest(msgspec.Struct, frozen=True, kw_only=True):
     headers: list[tuple[str, str]]
     body_blob: str
     tags: dict[str, str]
+    model: str | None = None
+    """The model the recorded request named (`call.started`)."""
 
 
 class ReplayPlan(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +153,7 @@ def _request(
         headers=headers,
         body_blob=started.request_blob,
         tags=view.tags,
+        model=started.model,
     )
     return request, ""
 

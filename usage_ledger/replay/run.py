@@ -1,7 +1,8 @@
 """`ledger replay RUN --upstream URL`: a recorded run's requests sent again to another server, as a new run.
 
     plan_replay (replay.plan)   the run's requests in start order; calls without a body are skipped
-    check_upstream              GET /v1/models answers with a model list, or exit 2 having sent nothing
+    check_upstream              GET /v1/models answers with a model list, or exit 2 having sent nothing;
+    check_models                without --model, the recorded models are among those listed, or exit 2
     recording_gateway           the real gateway, in-process, in front of --upstream (replay.gateway)
     _drive                      httpx → that gateway, at most `concurrency` at once, dispatched in the
                                 original start order, tagged X-Ledger-Run NEW + the original tags
@@ -13,6 +14,8 @@ Requests are sent as fast as `concurrency` allows, not at the original's moments
 calls RUN had in flight. Ctrl-C stops dispatching and cancels the calls in flight (the gateway
 records them as client disconnects); whatever finished is committed before the comparison prints;
 a second Ctrl-C stops without waiting. The deadline (`deadline_s`, from the start) stops the same way.
+An upstream that dies mid-replay stops the dispatching once `UNREACHABLE_STREAK` calls in a row found it
+unreachable (the gateway's 502 `upstream_unreachable`): the rest are left not sent, not recorded as failures.
 A call whose upstream sends no byte for `call_timeout_s` fails as `upstream_timeout` (the replay's
 gateway's idle timeout, LEDGER_UPSTREAM_READ_TIMEOUT_S by default).
 
@@ -45,13 +48,18 @@ from usage_ledger.ledger import (
 from usage_ledger.projections import REPLAY_LABEL, NotFound, catch_up_all
 from usage_ledger.replay.gateway import RecordingGateway, recording_gateway
 from usage_ledger.replay.plan import ReplayPlan, ReplayRequest, load_body, plan_replay
-from usage_ledger.replay.upstream import check_upstream
+from usage_ledger.replay.upstream import check_models, check_upstream
 
 __all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "compare_replay", "describe", "replay_run")
 
 DEFAULT_DEADLINE_S = 24 * 3600.0
 """A bound on the whole replay: the seed's dense run took 6 h 18 min (DESIGN §7); a day is ample."""
 CHECK_TIMEOUT_S = 30.0
+UNREACHABLE_STREAK = 5
+"""Calls in a row that found the upstream unreachable before the replay stops sending: a few, so a dead
+server costs a handful of recorded failures instead of the rest of the run (71 of 80 in issue #53)."""
+UNREACHABLE = "upstream_unreachable"
+"""The gateway's error code for a connection the upstream refused or dropped before answering (gateway.errors)."""
 """The most `GET /v1/models` may take (less when the deadline or the call timeout is shorter)."""
 
 
@@ -89,6 +97,8 @@ class ReplayResult(msgspec.Struct, frozen=True, kw_only=True):
     interrupted: bool
     """Stopped by Ctrl-C (`stop`)."""
     deadline_reached: bool = False
+    upstream_lost: bool = False
+    """Stopped after `UNREACHABLE_STREAK` calls in a row found the upstream unreachable."""
 
 
 def _tag_headers(run: str, tags: dict[str, str]) -> list[tuple[str, str]]:
@@ -146,7 +156,9 @@ async def replay_run(
     concurrency = options.concurrency or plan.max_in_flight
     call_timeout_s = options.call_timeout_s or gateway_settings.upstream_read_timeout_s
     check_timeout_s = max(0.1, min(CHECK_TIMEOUT_S, call_timeout_s, deadline_at - loop.time()))
-    await check_upstream(options.upstream, timeout_s=check_timeout_s)
+    served = await check_upstream(options.upstream, timeout_s=check_timeout_s)
+    if options.model is None:
+        check_models(options.upstream, served, (request.model for request in plan.requests))
     stop = stop or asyncio.Event()
     halt = _Halt(stop, deadline_at)
     replaying = msgspec.structs.replace(
@@ -173,16 +185,25 @@ async def replay_run(
         not_sent=len(plan.requests) - tally.sent - sum(tally.skipped_late.values()),
         interrupted=stop.is_set(),
         deadline_reached=halt.deadline_reached,
+        upstream_lost=halt.upstream_lost,
     )
 
 
 class _Halt:
-    """Ctrl-C (`stop`) or the deadline, whichever comes first."""
+    """Ctrl-C (`stop`) or the deadline, whichever comes first; and whether the upstream was lost (the
+    dispatching ends, the calls in flight are waited for: they fail fast, or succeed if it came back)."""
 
     def __init__(self, stop: asyncio.Event, deadline_at: float) -> None:
         self.stop = stop
         self.deadline_at = deadline_at
         self.deadline_reached = False
+        self.upstream_lost = False
+        self._unreachable = 0
+
+    def answered(self, unreachable: bool) -> None:
+        """One call's outcome: a streak of `UNREACHABLE_STREAK` unreachable ones stops the dispatching."""
+        self._unreachable = self._unreachable + 1 if unreachable else 0
+        self.upstream_lost = self.upstream_lost or self._unreachable >= UNREACHABLE_STREAK
 
     def is_set(self) -> bool:
         if not self.stop.is_set() and asyncio.get_running_loop().time() >= self.deadline_at:
@@ -193,6 +214,14 @@ class _Halt:
         remaining = self.deadline_at - asyncio.get_running_loop().time()
         if not await wait_up_to(self.stop.wait(), max(0.0, remaining)):
             self.deadline_reached = True
+
+
+class _Code(msgspec.Struct):
+    code: object = None
+
+
+class _GatewayError(msgspec.Struct):
+    error: _Code
 
 
 class _Tally:
@@ -233,9 +262,10 @@ async def _drive(
 
             async def send(request: ReplayRequest, body: bytes) -> None:
                 try:
-                    response = await _send(http, request, body, new_run)
+                    response, unreachable = await _send(http, request, body, new_run)
                     tally.ok += 200 <= response < 300
                     tally.error += not 200 <= response < 300
+                    stop.answered(unreachable)
                 except httpx.HTTPError:
                     pass  # recorded by the gateway (e.g. upstream reset); counted as not answered
                 finally:
@@ -251,6 +281,9 @@ async def _drive(
                         if acquiring.done() and not acquiring.cancelled():
                             slots.release()
                         acquiring.cancel()
+                        break
+                    if stop.upstream_lost:
+                        slots.release()
                         break
                     body = await load_body(database, request, model)
                     if isinstance(body, str):  # redacted since the plan was made
@@ -273,14 +306,22 @@ async def _drive(
     return tally
 
 
-async def _send(http: httpx.AsyncClient, request: ReplayRequest, body: bytes, new_run: str) -> int:
-    """One request; the response is read to its end (a stream's last bytes) and dropped."""
+async def _send(http: httpx.AsyncClient, request: ReplayRequest, body: bytes, new_run: str) -> tuple[int, bool]:
+    """One request: its status, and whether the gateway found the upstream unreachable. The response is read
+    to its end (a stream's last bytes) and dropped."""
     headers = [*request.headers, *_tag_headers(new_run, request.tags)]
     url = request.path + ("?" + request.query if request.query else "")
     async with http.stream(request.method, url, content=body, headers=headers) as response:
-        async for _ in response.aiter_raw():
-            pass
-        return response.status_code
+        if response.status_code != 502:
+            async for _ in response.aiter_raw():
+                pass
+            return response.status_code, False
+        answer = await response.aread()  # an error body, small
+    try:
+        code = msgspec.json.decode(answer, type=_GatewayError).error.code
+    except msgspec.DecodeError:  # the upstream's own 502, passed through
+        code = None
+    return response.status_code, code == UNREACHABLE
 
 
 def _progress(console: Console) -> Progress:
@@ -309,6 +350,8 @@ def describe(result: ReplayResult, upstream: str, *, failed: int = 0, deadline_s
     head = "stopped: " if result.interrupted else ""
     if result.deadline_reached:
         head = f"deadline of {deadline_s:g} s reached: " if deadline_s is not None else "deadline reached: "
+    elif result.upstream_lost:
+        head = f"stopped, {upstream} unreachable for {UNREACHABLE_STREAK} calls in a row: "
     text = (
         f"{head}replayed {result.sent} requests of run {result.run} to {upstream} as run {result.new_run} "
         f"({result.concurrency} at once); {_skips(result.skipped, result.calls)}; "
