@@ -196,6 +196,7 @@ EXPORTED = {
         "read_checkpoint",
         "rebuild_projection",
         "recorded_labels",
+        "recorded_return_values",
         "recorded_returns",
         "run_cost",
         "samples_of_run",

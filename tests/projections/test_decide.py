@@ -200,6 +200,37 @@ async def test_a_new_extraction_withdraws_the_labels_it_no_longer_finds(database
     assert (await recorded_labels(database, ["moe-1"]))["moe-1"] == dict.fromkeys(holds, "Hold")
 
 
+async def test_the_right_extraction_after_a_wrong_one_is_appended_and_counts(database: Database) -> None:
+    labels = build_labels()
+    await append_trace(database, labels)
+    assert (await extract_labels(database, "moe-1", EXTRACT)).appended
+    assert (await extract_labels(database, "moe-1", r"Grade: (Hold)\s*$")).appended  # a wrong pattern
+    again = await extract_labels(database, "moe-1", EXTRACT)  # the right one, as first run: its content again
+    assert again.appended  # was "the same content is already in the ledger", the wrong labels kept
+    assert (await recorded_labels(database, ["moe-1"]))["moe-1"] == labels["moe-1"]
+    assert not (await extract_labels(database, "moe-1", EXTRACT)).appended  # now the current state
+    assert await _events(database, "labels.recorded") == 3
+
+
+async def test_an_earlier_file_imported_again_after_a_correction_is_appended(
+    traced: tuple[Database, dict[str, dict[str, str]], dict[str, float]], tmp_path: Path
+) -> None:
+    database, labels, returns = traced
+    original = write_labels(tmp_path / "labels.csv", {"moe-1": labels["moe-1"]})
+    wrong = {key: "Hold" for key in labels["moe-1"]}
+    assert (await import_labels(database, write_labels(tmp_path / "wrong.csv", {"moe-1": wrong}))).appended
+    assert (await import_labels(database, original)).appended
+    assert (await recorded_labels(database, ["moe-1"]))["moe-1"] == labels["moe-1"]
+    assert not (await import_labels(database, original)).appended
+    # returns the same: the latest import per (key, as_of) is the state, an earlier one re-asserted is appended
+    shifted = {key: value + 1.0 for key, value in returns.items()}
+    assert (await import_returns(database, write_returns(tmp_path / "shifted.csv", shifted))).appended
+    restored = await import_returns(database, write_returns(tmp_path / "r.csv", returns))
+    assert restored.appended and (await recorded_returns(database)).values == returns
+    assert not (await import_returns(database, write_returns(tmp_path / "r.csv", returns))).appended
+    assert await _events(database, "returns.recorded") == 3
+
+
 @pytest.mark.parametrize(
     ("content", "reason"),
     [

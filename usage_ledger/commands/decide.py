@@ -65,7 +65,8 @@ def _print_recorded(what: str, result: Recorded) -> None:
         print(f"{what} appended at position {result.position}: {result.rows} from {result.source}")
     else:
         print(
-            f"{what} from {result.source}: the same content is already in the ledger (event {result.event_id}); nothing appended"
+            f"{what} from {result.source}: already in the ledger, as its current values (latest event "
+            f"{result.event_id}); nothing appended"
         )
     for warning in result.warnings:
         print(f"ledger: warning: {warning}", file=sys.stderr)

@@ -3,10 +3,12 @@
 - One event per file (`labels.recorded`, `returns.recorded`), or per extraction over a run's stored
   answers (`labels import --run R --extract RE`, read as `ledger agreement --extract` reads them).
 - Atomic per file: a bad row is reported `file:line: reason` and nothing of the file is appended.
-- Identity comes from content: the event id is a UUIDv5 over the sorted rows (not the file name, the
-  order of the rows or their lines), so importing the same content again, or a renamed copy, adds
-  nothing. A corrected file is new content: it is appended, and its values supersede the earlier
-  ones per (run, key) for labels and per (key, as_of) for returns; the earlier events stay.
+- The latest import counts, and nothing is appended only when the import is already the current state:
+  every row's value equals what the ledger holds now for its (run, key) (labels) or (key, as_of)
+  (returns). Anything else is appended, even content equal to an earlier import's (a bad extraction
+  undone by re-importing the right file), and supersedes per (run, key) / (key, as_of); earlier events
+  stay. The event id is a UUIDv5 over the sorted rows (not the file name, order or lines) and the id of
+  the stream's latest event, so two processes importing the same file at once append it once.
 - Labels: `run,key,label` (other columns ignored). An empty label records that the run has no label
   for the key. A (run, key) twice in one file, or a run the ledger does not have, is a bad row.
 - Returns: `key,return[,as_of]`; `return` a finite number, `as_of` an ISO date (YYYY-MM-DD). A
@@ -23,6 +25,7 @@ from datetime import date
 from pathlib import Path
 
 import msgspec
+from sqlalchemy import select
 
 from usage_ledger.answers import labels_from_ledger, live_versions, parse_where, regex_extractor, run_filter
 from usage_ledger.imports._rows import csv_records
@@ -37,7 +40,14 @@ from usage_ledger.ledger import (
     new_event,
     translate_db_error,
 )
-from usage_ledger.projections import ImportFailed, ProjectionError, parse_as_of
+from usage_ledger.ledger.schema import events
+from usage_ledger.projections import (
+    ImportFailed,
+    ProjectionError,
+    parse_as_of,
+    recorded_labels,
+    recorded_return_values,
+)
 
 __all__ = (
     "LABELS_STREAM",
@@ -57,7 +67,8 @@ _canonical = msgspec.json.Encoder(order="sorted")
 
 
 class Recorded(msgspec.Struct, frozen=True, kw_only=True):
-    """What one import did: `appended` False when the same content was already in the ledger."""
+    """What one import did: `appended` False when its rows were already the ledger's current values
+    (`event_id` is then the stream's latest event, under which they are current)."""
 
     source: str
     rows: int
@@ -67,10 +78,42 @@ class Recorded(msgspec.Struct, frozen=True, kw_only=True):
     warnings: list[str] = []
 
 
-def _content_id(kind: str, rows: Sequence[msgspec.Struct]) -> uuid.UUID:
+def _content_id(kind: str, rows: Sequence[msgspec.Struct], after: str | None) -> uuid.UUID:
     # lines are where a row was, not what it says: a reordered file is the same content
     plain = sorted(_canonical.encode(msgspec.structs.replace(row, line=0)) for row in rows)
-    return uuid.uuid5(_NAMESPACE, kind + "\n" + "\n".join(item.decode() for item in plain))
+    head = kind if after is None else f"{kind} after {after}"  # the first import's id is as it always was
+    return uuid.uuid5(_NAMESPACE, head + "\n" + "\n".join(item.decode() for item in plain))
+
+
+async def _latest_event_id(database: Database, stream: str) -> str | None:
+    query = select(events.c.event_id).where(events.c.stream == stream).order_by(events.c.position.desc()).limit(1)
+    async with database.engine.connect() as conn:
+        found = (await conn.execute(query)).scalar_one_or_none()
+    return None if found is None else str(found)
+
+
+async def _labels_current(database: Database, labels: Sequence[RecordedLabel]) -> bool:
+    # an empty label and no label are the same state: the key has none
+    current = await recorded_labels(database, sorted({item.run for item in labels}))
+    return all(current[item.run].get(item.key, "") == item.label for item in labels)
+
+
+async def _returns_current(database: Database, returns: Sequence[RecordedReturn]) -> bool:
+    current = await recorded_return_values(database)
+    return all(current.get((item.key, item.as_of)) == item.value for item in returns)
+
+
+async def _record(
+    database: Database, body: LabelsRecorded | ReturnsRecorded, rows: int, current: bool, warnings: list[str]
+) -> Recorded:
+    """Append `body` unless its rows are the current state already (`current`)."""
+    stream, kind = (LABELS_STREAM, "labels") if isinstance(body, LabelsRecorded) else (RETURNS_STREAM, "returns")
+    after = await _latest_event_id(database, stream)
+    if current and after is not None:
+        return Recorded(source=body.source, rows=rows, appended=False, position=None, event_id=after, warnings=warnings)
+    items = body.labels if isinstance(body, LabelsRecorded) else body.returns
+    event = new_event(body, stream=stream, event_id=_content_id(kind, items, after))
+    return await _append(database, event, body.source, rows, warnings)
 
 
 def _rows(path: Path, required: Sequence[str], errors: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -156,8 +199,7 @@ async def import_labels(database: Database, path: str | Path, *, run_gap_s: floa
     if errors:
         raise _refuse(errors)
     body = LabelsRecorded(source=path.name, labels=labels)
-    event = new_event(body, stream=LABELS_STREAM, event_id=_content_id("labels", labels))
-    return await _append(database, event, path.name, len(labels), [])
+    return await _record(database, body, len(labels), await _labels_current(database, labels), [])
 
 
 async def extract_labels(
@@ -198,8 +240,7 @@ async def extract_labels(
             + ": check it against `ledger show call`"
         )
     body = LabelsRecorded(source=f"run {run}", labels=labels, extract=pattern)
-    event = new_event(body, stream=LABELS_STREAM, event_id=_content_id("labels", labels))
-    return await _append(database, event, f"run {run}", len(labels), warnings)
+    return await _record(database, body, len(labels), await _labels_current(database, labels), warnings)
 
 
 def _return(text: str) -> float:
@@ -239,8 +280,7 @@ async def import_returns(database: Database, path: str | Path) -> Recorded:
     if errors:
         raise _refuse(errors)
     body = ReturnsRecorded(source=path.name, returns=returns)
-    event = new_event(body, stream=RETURNS_STREAM, event_id=_content_id("returns", returns))
-    return await _append(database, event, path.name, len(returns), [])
+    return await _record(database, body, len(returns), await _returns_current(database, returns), [])
 
 
 def _line_of(error: str) -> int:

@@ -46,7 +46,13 @@ from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionEr
 from usage_ledger.projections.formulas import FORMULAS, RunStats, get_formula
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
 from usage_ledger.projections.reconcile import RunSpan, ServerTraffic
-from usage_ledger.projections.recorded import Returns, parse_as_of, recorded_labels, recorded_returns
+from usage_ledger.projections.recorded import (
+    Returns,
+    parse_as_of,
+    recorded_labels,
+    recorded_return_values,
+    recorded_returns,
+)
 from usage_ledger.projections.rows import (
     CallsPage,
     CallsPerTicker,
@@ -116,6 +122,7 @@ __all__ = (
     "read_checkpoint",
     "rebuild_projection",
     "recorded_labels",
+    "recorded_return_values",
     "recorded_returns",
     "run_cost",
     "samples_of_run",

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from usage_ledger.ledger import Database, LabelsRecorded, ReturnsRecorded
 from usage_ledger.ledger.schema import events
 
-__all__ = ("Returns", "parse_as_of", "recorded_labels", "recorded_returns")
+__all__ = ("Returns", "parse_as_of", "recorded_labels", "recorded_return_values", "recorded_returns")
 
 _labels = msgspec.json.Decoder(LabelsRecorded)
 _returns = msgspec.json.Decoder(ReturnsRecorded)
@@ -47,11 +47,17 @@ async def recorded_labels(database: Database, runs: Sequence[str]) -> dict[str, 
     return {run: {key: label for key, label in keys.items() if label} for run, keys in latest.items()}
 
 
-async def recorded_returns(database: Database, *, as_of: date | None = None) -> Returns:
+async def recorded_return_values(database: Database) -> dict[tuple[str, date | None], float]:
+    """(key, as_of) → the latest event's return: every dated and undated value that is current."""
     latest: dict[tuple[str, date | None], float] = {}
     for payload in await _payloads(database, "returns.recorded"):
         for item in _returns.decode(payload).returns:
             latest[item.key, item.as_of] = item.value
+    return latest
+
+
+async def recorded_returns(database: Database, *, as_of: date | None = None) -> Returns:
+    latest = await recorded_return_values(database)
     best: dict[str, tuple[date, float]] = {}
     undated: dict[str, float] = {}
     for (key, when), value in latest.items():
