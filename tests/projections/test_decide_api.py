@@ -40,6 +40,9 @@ async def test_decide_api(database: Database, tmp_path: Path) -> None:
         assert (await client.get("/_ledger/api/decide", params=query)).status_code == 401
         answer = await client.get("/_ledger/api/decide", params=query, headers=auth)
         assert answer.status_code == 200 and answer.json() == expected
+        evidence = answer.json()["a"]["evidence"]  # the intervals (held to SciPy in test_decide_evidence.py)
+        assert evidence["self_qwk"]["n"] == 99 and len(evidence["self_qwk"]["ci95"]) == 2
+        assert answer.json()["between"]["evidence"]["qwk"]["ci95"] is not None
         bad = {**query, "a": "ghost"}
         assert (await client.get("/_ledger/api/decide", params=bad, headers=auth)).status_code == 404
         narrow = {**query, "scale": "Sell,Hold,Buy"}

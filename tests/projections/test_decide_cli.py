@@ -67,11 +67,21 @@ def test_labels_returns_and_decide(backend_url: str, tmp_path: Path, capsys: pyt
     code, out, _ = _ledger(capsys, "decide", "--a", *MOE, "--b", *DENSE, "--scale", SCALE_TEXT, "--format", "json", *db)
     assert code == 0
     report = json.loads(out)
-    assert set(report) == {"a", "b", "between", "unmeasured"}
+    assert set(report) == {"a", "b", "between", "unmeasured", "within_noise"}
     assert out.encode() == asyncio.run(_decided(backend_url)) + b"\n"  # the one computation, printed as is
     assert report["a"]["rank_ic"] is not None and report["b"]["self_qwk"] is not None
+    # each figure with its sample and interval (held to SciPy in test_decide_evidence.py)
+    assert set(report["a"]["evidence"]) == {"throughput_tps", "self_qwk", "self_agree_rate", "rank_ic"}
+    assert set(report["between"]["evidence"]) == {"qwk", "agree_rate"}
+    assert report["a"]["evidence"]["throughput_tps"]["n"] == 3 and report["b"]["evidence"]["rank_ic"]["n"] == 99
+    low, high = report["a"]["evidence"]["self_qwk"]["ci95"]
+    assert low < report["a"]["self_qwk"] < high
     code, out, _ = _ledger(capsys, "decide", "--a", *MOE, "--b", *DENSE, "--scale", SCALE_TEXT, *db)
     assert code == 0 and "self_qwk" in out and "flipped keys" in out and "no verdict" in out
+    assert f"{report['a']['self_qwk']:.4f} [{low:.2f}, {high:.2f}]" in out  # the table shows the interval
+    assert "n (a | b): throughput_tps 3 | 2 runs; self_qwk 99 | 99; rank_ic 99 | 99 tickers" in out
+    noise = report["within_noise"]
+    assert noise and f"within noise (the a and b intervals overlap): {', '.join(noise)}" in out
     code, out, _ = _ledger(
         capsys,
         "decide",

@@ -55,6 +55,10 @@ def test_the_decide_page_in_a_browser(browser: Any, decide_ui: UiServer, screens
             for x, y in itertools.combinations(DENSE, 2)
         )
         assert page.inner_text('[data-figure="b.self_qwk"]') == f"{qwk:,.4f}"
+        interval = page.inner_text('[data-ci="b.self_qwk"]')  # under the figure: its 95 % interval and n
+        low, high = (float(v) for v in interval.split("]")[0].strip("[").split(","))
+        assert low < qwk < high and interval.endswith(f"n {len(TICKERS)}")
+        assert page.locator('[data-noise="self_qwk"]').count() == 1
         assert page.locator("#label-shares .fill.a").count() == len(SCALE)
         for directory in screenshot_dirs:
             page.screenshot(path=str(directory / "decide.png"), full_page=True)

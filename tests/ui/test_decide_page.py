@@ -72,6 +72,17 @@ async def test_the_page_shows_the_decision(database: Database, tmp_path: Path) -
             expected.a.throughput_tps is not None
             and _figure(page, "a.throughput_tps") == f"{expected.a.throughput_tps:,.1f}"
         )
+        for figure in ("a.self_qwk", "b.rank_ic", "between.qwk"):  # each interval and its n, as decide gives them
+            group, name = figure.split(".")
+            owner = expected.between if group == "between" else getattr(expected, group)
+            evidence = owner.evidence[name]
+            assert evidence.ci95 is not None
+            low, high = (f"{v:,.4f}" for v in evidence.ci95)
+            assert f'data-ci="{figure}" data-n="{evidence.n}">[{low}, {high}] n {evidence.n}</span>' in page
+        for name in ("throughput_tps", "self_qwk", "self_agree_rate", "rank_ic"):
+            noted = re.search(rf'data-noise="{name}">([^<]*)<', page)
+            assert noted and noted.group(1) == ("within noise" if name in expected.within_noise else "")
+        assert expected.within_noise  # the trace's groups overlap somewhere
         hold = expected.a.label_shares["Hold"]
         assert f"width: {round(100 * hold, 1)}%" in page
         flip = expected.between.flipped[0]

@@ -15,6 +15,7 @@ from usage_ledger.answers.agreement_labels import labels_from_ledger
 from usage_ledger.answers.agreement_text import regex_extractor
 from usage_ledger.answers.api import build_api_routers, error_response, split_runs
 from usage_ledger.answers.audit import audit_run
+from usage_ledger.answers.bootstrap import Evidence
 from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
 from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
 from usage_ledger.answers.compare import compare_runs, metric_values, render_comparison
@@ -23,6 +24,7 @@ from usage_ledger.answers.comparison import Comparison
 from usage_ledger.answers.csv_cells import csv_cell
 from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
 from usage_ledger.answers.decide_answers import RunAnswer, key_answers
+from usage_ledger.answers.decide_evidence import ICSeries
 from usage_ledger.answers.eras import EraRow, era_of, eras_report, group_of
 from usage_ledger.answers.export import export_calls, show_call, show_run
 from usage_ledger.answers.filters import (
@@ -59,7 +61,9 @@ __all__ = (
     "Decision",
     "EraRow",
     "ErasurePlan",
+    "Evidence",
     "GroupFigures",
+    "ICSeries",
     "RunAnswer",
     "agreement_report",
     "audit_run",

@@ -7,6 +7,7 @@ scikit-learn's `cohen_kappa_score(weights="quadratic", labels=scale)` and SciPy'
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 
@@ -84,15 +85,13 @@ def average_ranks(values: Sequence[float]) -> list[float]:
     """Ranks 1..n, ties sharing the mean of the ranks they span (what Spearman's rho ranks by)."""
     order = sorted(range(len(values)), key=values.__getitem__)
     ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        stop = start
-        while stop + 1 < len(order) and values[order[stop + 1]] == values[order[start]]:
-            stop += 1
-        shared = (start + stop) / 2 + 1
-        for position in range(start, stop + 1):
-            ranks[order[position]] = shared
-        start = stop + 1
+    start = 0  # ranks before this group of equal values
+    for _, group in itertools.groupby(order, key=values.__getitem__):
+        members = list(group)
+        shared = start + (len(members) + 1) / 2  # the mean of ranks start + 1 … start + len(members)
+        for index in members:
+            ranks[index] = shared
+        start += len(members)
     return ranks
 
 

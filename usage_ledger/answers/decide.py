@@ -10,7 +10,9 @@ label's share of the group's labels (0-1, scale order); `rank_ic`, the mean over
 Spearman's rho between the label's position on the scale and the key's return (null without returns).
 `between`: the same kappa and rate over every a × b pair, and the keys whose most frequent label
 differs between the groups (a tie for most frequent lists every tied label). No verdict: `unmeasured`
-says what is missing. Labels and returns are the ledger's (`projections.recorded`); the statistics
+says what is missing. Each group and `between` carry `evidence` (figure → sample and 95 % interval),
+each group its `rank_ic_series` (returns on several dates), and `within_noise` names the figures whose
+groups' intervals overlap (`decide_evidence`). Labels and returns are the ledger's (`projections.recorded`); the statistics
 are `agreement_stats`' (one definition, held to scikit-learn and SciPy by the tests).
 """
 
@@ -26,10 +28,27 @@ import msgspec
 
 from usage_ledger.answers.agreement import parse_scale
 from usage_ledger.answers.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
+from usage_ledger.answers.bootstrap import Evidence
 from usage_ledger.answers.compare import RunComparison, metric_values, run_column
+from usage_ledger.answers.decide_evidence import (
+    ICSeries,
+    ic_series,
+    pair_evidence,
+    rank_ic_evidence,
+    throughput_evidence,
+    within_noise,
+)
 from usage_ledger.answers.eras import left_out_reason
 from usage_ledger.ledger import Database
-from usage_ledger.projections import CostMeans, ProjectionError, Returns, cost_means, recorded_labels, recorded_returns
+from usage_ledger.projections import (
+    CostMeans,
+    ProjectionError,
+    Returns,
+    cost_means,
+    recorded_labels,
+    recorded_return_values,
+    recorded_returns,
+)
 
 __all__ = ("LATENCY_FIGURES", "SERVER_FIGURES", "Between", "Decision", "FlippedKey", "GroupFigures", "decide")
 
@@ -55,6 +74,10 @@ class GroupFigures(msgspec.Struct, frozen=True, kw_only=True):
     self_agree_rate: float | None
     label_shares: dict[str, float]
     rank_ic: float | None
+    evidence: dict[str, Evidence] = {}
+    """`throughput_tps`, `self_qwk`, `self_agree_rate`, `rank_ic` → their sample and 95 % interval."""
+    rank_ic_series: ICSeries | None = None
+    """Rank IC per `as_of` date of the returns, when they come on two dates or more."""
 
 
 class FlippedKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +91,8 @@ class Between(msgspec.Struct, frozen=True, kw_only=True):
     qwk: float | None
     agree_rate: float | None
     flipped: list[FlippedKey]
+    evidence: dict[str, Evidence] = {}
+    """`qwk`, `agree_rate` → their sample (tickers) and 95 % interval."""
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +100,8 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     b: GroupFigures
     between: Between
     unmeasured: list[str]
+    within_noise: list[str] = []
+    """The figures whose a and b intervals overlap: a difference there is within noise."""
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -127,6 +154,7 @@ def _group(
     labels: dict[str, dict[str, str]],
     scale: Sequence[str],
     returns: Returns,
+    dated: dict[date, dict[str, float]],
     notes: list[str],
 ) -> GroupFigures:
     figures = [metric_values(columns[run]) for run in runs]
@@ -135,16 +163,25 @@ def _group(
         value = _mean(f[f"server.{name}"] for f in figures)
         if value is not None:
             server[name] = value
-    self_qwk, self_rate = _pairs(itertools.combinations(runs, 2), labels, scale, notes)
+    pairs = list(itertools.combinations(runs, 2))
+    self_qwk, self_rate = _pairs(pairs, labels, scale, notes)
     left_out = {
         run: why
         for run in runs
         if (why := left_out_reason(columns[run].ok_calls, _throughput(columns[run]), columns[run].formula))
     }
     measured = [columns[run] for run in runs if run not in left_out]
+    throughputs = [_throughput(column) for column in measured]
+    qwk_evidence, rate_evidence = pair_evidence(pairs, labels, scale)
+    evidence = {
+        "throughput_tps": throughput_evidence(throughputs),
+        "self_qwk": qwk_evidence,
+        "self_agree_rate": rate_evidence,
+        "rank_ic": rank_ic_evidence(runs, labels, scale, returns.values),
+    }
     return GroupFigures(
         runs=list(runs),
-        throughput_tps=_mean(_throughput(column) for column in measured),
+        throughput_tps=_mean(throughputs),
         hours_per_100_tickers=_mean(column.hours_per_100_tickers for column in measured),
         measured_runs=len(measured),
         left_out=left_out,
@@ -155,6 +192,8 @@ def _group(
         self_agree_rate=self_rate,
         label_shares=_shares(runs, labels, scale),
         rank_ic=_rank_ic(runs, labels, scale, returns, notes),
+        evidence=evidence,
+        rank_ic_series=ic_series(runs, labels, scale, dated),
     )
 
 
@@ -241,10 +280,33 @@ async def decide(
     labels = await recorded_labels(database, runs)
     check_scale(ordered, (label for run in runs for label in labels[run].values()))
     returns = await recorded_returns(database, as_of=as_of)
+    dated = _dated(await recorded_return_values(database), as_of)
     notes: list[str] = []
-    group_a = _group(a, columns, labels, ordered, returns, notes)
-    group_b = _group(b, columns, labels, ordered, returns, notes)
-    qwk, rate = _pairs(itertools.product(a, b), labels, ordered, notes)
-    between = Between(qwk=qwk, agree_rate=rate, flipped=_flipped(a, b, labels, ordered))
+    group_a = _group(a, columns, labels, ordered, returns, dated, notes)
+    group_b = _group(b, columns, labels, ordered, returns, dated, notes)
+    pairs = list(itertools.product(a, b))
+    qwk, rate = _pairs(pairs, labels, ordered, notes)
+    qwk_evidence, rate_evidence = pair_evidence(pairs, labels, ordered)
+    between = Between(
+        qwk=qwk,
+        agree_rate=rate,
+        flipped=_flipped(a, b, labels, ordered),
+        evidence={"qwk": qwk_evidence, "agree_rate": rate_evidence},
+    )
     unmeasured = _unmeasured({"a": a, "b": b}, columns, labels, returns, as_of) + notes
-    return Decision(a=group_a, b=group_b, between=between, unmeasured=unmeasured)
+    return Decision(
+        a=group_a,
+        b=group_b,
+        between=between,
+        unmeasured=unmeasured,
+        within_noise=within_noise(group_a.evidence, group_b.evidence),
+    )
+
+
+def _dated(values: dict[tuple[str, date | None], float], as_of: date | None) -> dict[date, dict[str, float]]:
+    """The returns by their `as_of` date (on or before `as_of` when asked); undated ones are no date's."""
+    dated: dict[date, dict[str, float]] = {}
+    for (key, when), value in values.items():
+        if when is not None and (as_of is None or when <= as_of):
+            dated.setdefault(when, {})[key] = value
+    return dated

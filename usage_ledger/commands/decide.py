@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from usage_ledger.answers import LATENCY_FIGURES, Decision, GroupFigures, decide
+from usage_ledger.answers import LATENCY_FIGURES, Decision, Evidence, GroupFigures, ICSeries, decide
 from usage_ledger.commands.agreement import _width
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
 from usage_ledger.imports import Recorded, extract_labels, import_labels, import_returns
@@ -155,11 +155,25 @@ def _measured(group: GroupFigures) -> str:
     return f"{group.measured_runs} of {len(group.runs)}" + (f" ({left})" if left else "")
 
 
+def _with_ci(value: float | None, evidence: Evidence | None, digits: int) -> str:
+    """The figure and, when there is one, its 95 % interval: `0.1234 [0.06, 0.39]` (interval to 2 fewer digits)."""
+    text = _cell(value, digits)
+    if evidence is None or evidence.ci95 is None:
+        return text
+    short = max(1, digits - 2)
+    return f"{text} [{evidence.ci95[0]:,.{short}f}, {evidence.ci95[1]:,.{short}f}]"
+
+
+def _figure(name: str, a: GroupFigures, b: GroupFigures, digits: int) -> tuple[str, str, str]:
+    first, second = getattr(a, name), getattr(b, name)
+    return (name, _with_ci(first, a.evidence.get(name), digits), _with_ci(second, b.evidence.get(name), digits))
+
+
 def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
     rows = [
         ("runs", ", ".join(a.runs), ", ".join(b.runs)),
         ("measured_runs", _measured(a), _measured(b)),
-        ("throughput_tps", _cell(a.throughput_tps, 1), _cell(b.throughput_tps, 1)),
+        _figure("throughput_tps", a, b, 1),
         ("hours_per_100_tickers", _cell(a.hours_per_100_tickers, 2), _cell(b.hours_per_100_tickers, 2)),
     ]
     if a.cost is not None or b.cost is not None:  # without a price nothing is shown
@@ -168,14 +182,37 @@ def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
     rows += [(name, _cell(a.latency.get(name), 1), _cell(b.latency.get(name), 1)) for name in LATENCY_FIGURES]
     for name in sorted(a.server.keys() | b.server.keys()):
         rows.append((f"server.{name}", _cell(a.server.get(name)), _cell(b.server.get(name))))
-    rows += [
-        ("self_qwk", _cell(a.self_qwk), _cell(b.self_qwk)),
-        ("self_agree_rate", _cell(a.self_agree_rate), _cell(b.self_agree_rate)),
-    ]
+    rows += [_figure("self_qwk", a, b, 4), _figure("self_agree_rate", a, b, 4)]
     for label in a.label_shares or b.label_shares:  # both in scale order, or empty without labels
         rows.append((f"label_shares.{label}", _cell(a.label_shares.get(label)), _cell(b.label_shares.get(label))))
-    rows.append(("rank_ic", _cell(a.rank_ic), _cell(b.rank_ic)))
+    rows.append(_figure("rank_ic", a, b, 4))
     return rows
+
+
+def _samples(result: Decision) -> list[str]:
+    """What each interval rests on (n per group), and why a figure has none."""
+    lines = []
+    for name, unit in (("throughput_tps", " runs"), ("self_qwk", ""), ("rank_ic", " tickers")):
+        lines.append(f"{name} {_n(result.a.evidence.get(name))} | {_n(result.b.evidence.get(name))}{unit}")
+    out = ["n (a | b): " + "; ".join(lines)]  # self_agree_rate rests on self_qwk's tickers
+    for group, figures in (("a", result.a), ("b", result.b)):
+        for name, evidence in figures.evidence.items():
+            if evidence.ci95 is None and evidence.reason:
+                out.append(f"no interval for {group}.{name}: {evidence.reason}")
+    return out
+
+
+def _n(evidence: Evidence | None) -> str:
+    return "-" if evidence is None else str(evidence.n)
+
+
+def _series(group: str, series: ICSeries) -> str:
+    share = "-" if series.share_positive is None else f"{100 * series.share_positive:.0f} %"
+    dates = ", ".join(f"{p.as_of} {_cell(p.ic)}" for p in series.dates)
+    return (
+        f"rank IC by date, {group}: {len(series.dates)} dates, mean {_cell(series.mean)}, sd {_cell(series.sd)}, "
+        f"t {_cell(series.t, 2)}, above zero {share} ({dates})"
+    )
 
 
 def print_decision(result: Decision) -> None:
@@ -187,9 +224,19 @@ def print_decision(result: Decision) -> None:
     for row in _rows(result.a, result.b):
         table.add_row(*row)
     console.print("[bold]Decision[/bold]: the evidence side by side (no verdict)")
+    console.print("figure [low, high]: 95 % interval (bootstrap over tickers; runs for throughput)", markup=False)
     console.print(table)
+    for line in _samples(result):
+        console.print(line)
+    if result.within_noise:
+        console.print(f"within noise (the a and b intervals overlap): {', '.join(result.within_noise)}")
+    for group, figures in (("a", result.a), ("b", result.b)):
+        if figures.rank_ic_series is not None:
+            console.print(_series(group, figures.rank_ic_series))
     between = result.between
-    console.print(f"between a and b: QWK {_cell(between.qwk)}, agree rate {_cell(between.agree_rate)}")
+    qwk = _with_ci(between.qwk, between.evidence.get("qwk"), 4)
+    rate = _with_ci(between.agree_rate, between.evidence.get("agree_rate"), 4)
+    console.print(f"between a and b (n {_n(between.evidence.get('qwk'))}): QWK {qwk}, agree rate {rate}")
     if between.flipped:
         flips = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title="flipped keys (most frequent label)")
         for name in ("key", "a", "b"):
