@@ -162,6 +162,7 @@ def _check_decision(stdout: str, db_file: Path, moe: str, dense: str) -> None:
     decision = stdout[stdout.index("The decision") :]
     assert "ledger decide" in decision and "/_ledger/ui/decide?a=" in decision
     assert "The grades and returns are synthetic." in " ".join(decision.split())
+    assert "figure [low, high]: 95 % interval" in decision and "n (a | b): throughput_tps 2 | 2 runs" in decision
     scale = "Strong Sell,Sell,Hold,Buy,Strong Buy"
     a, b = [moe, f"{moe}-seed2"], [dense, f"{dense}-seed2"]
     command = ["decide", "--a", *a, "--b", *b, "--scale", scale, "--format", "json", "--db", f"sqlite:///{db_file}"]
@@ -184,6 +185,10 @@ def _check_decision(stdout: str, db_file: Path, moe: str, dense: str) -> None:
         shares = got["label_shares"]
         assert set(shares) == set(scale.split(",")) and max(shares, key=shares.get) == "Hold"  # Hold-heavy
     assert not any("no returns" in item or "one run only" in item for item in figures["unmeasured"])
+    for group in ("a", "b"):  # every figure says what it rests on: two runs, the tickers graded
+        evidence = figures[group]["evidence"]
+        assert evidence["throughput_tps"]["n"] == 2 and evidence["rank_ic"]["n"] > 2, evidence
+        assert all(item["ci95"] is not None or item["reason"] for item in evidence.values()), evidence
 
 
 @pytest.mark.slow

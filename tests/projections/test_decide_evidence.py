@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import stats  # type: ignore[import-untyped]
 from sklearn.metrics import cohen_kappa_score  # type: ignore[import-untyped]
 
@@ -127,10 +129,19 @@ def test_given_scipys_resamples_the_intervals_are_scipys() -> None:
     assert tps.n == 4 and tps.ci95 == pytest.approx([expected.low, expected.high], abs=1e-9)
 
 
-def test_percentile_interpolates_as_numpy() -> None:
-    values = [0.3, -1.0, 2.5, 2.5, 7.0, 0.0, 1.25]
-    for q in (0.0, 0.025, 0.5, 0.975, 1.0):
-        assert percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)), abs=1e-12)
+@given(
+    st.lists(st.floats(min_value=-1e6, max_value=1e6, allow_nan=False), min_size=1, max_size=60),
+    st.floats(min_value=0.0, max_value=1.0),
+)
+def test_percentile_interpolates_as_numpy(values: list[float], q: float) -> None:
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, 100 * q)), rel=1e-9, abs=1e-6)
+
+
+@given(st.lists(st.floats(min_value=-1e3, max_value=1e3, allow_nan=False), min_size=2, max_size=30))
+def test_an_interval_is_ordered_and_holds_the_resampled_means(values: list[float]) -> None:
+    mean = bootstrap_evidence(lambda rows: math.fsum(values[i] for i in rows) / len(rows), len(values), "runs")
+    assert mean.ci95 is not None and mean.n == len(values)
+    assert min(values) - 1e-9 <= mean.ci95[0] <= mean.ci95[1] <= max(values) + 1e-9
 
 
 def test_too_small_or_degenerate_samples_have_no_interval() -> None:
