@@ -19,7 +19,6 @@ are `agreement_stats`' (one definition, held to scikit-learn and SciPy by the te
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import date
@@ -34,6 +33,7 @@ from usage_ledger.answers.decide_evidence import (
     ICSeries,
     ic_series,
     pair_evidence,
+    present_mean,
     rank_ic_evidence,
     throughput_evidence,
     within_noise,
@@ -104,11 +104,6 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The figures whose a and b intervals overlap: a difference there is within noise."""
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return math.fsum(present) / len(present) if present else None
-
-
 def _pairs(
     pairs: Iterable[tuple[str, str]], labels: dict[str, dict[str, str]], scale: Sequence[str], notes: list[str]
 ) -> tuple[float | None, float | None]:
@@ -123,7 +118,7 @@ def _pairs(
             notes.append(f"QWK {x} vs {y}: {kappa.reason}")
         kappas.append(kappa.value)
         rates.append(sum(p == q for p, q in zip(first, second, strict=True)) / len(common) if common else None)
-    return _mean(kappas), _mean(rates)
+    return present_mean(kappas), present_mean(rates)
 
 
 def _shares(runs: Sequence[str], labels: dict[str, dict[str, str]], scale: Sequence[str]) -> dict[str, float]:
@@ -145,7 +140,7 @@ def _rank_ic(
         if rho.value is None:
             notes.append(f"rank IC {run}: {rho.reason}")
         values.append(rho.value)
-    return _mean(values)
+    return present_mean(values)
 
 
 def _group(
@@ -160,7 +155,7 @@ def _group(
     figures = [metric_values(columns[run]) for run in runs]
     server: dict[str, float] = {}
     for name in SERVER_FIGURES:
-        value = _mean(f[f"server.{name}"] for f in figures)
+        value = present_mean(f[f"server.{name}"] for f in figures)
         if value is not None:
             server[name] = value
     pairs = list(itertools.combinations(runs, 2))
@@ -181,12 +176,12 @@ def _group(
     }
     return GroupFigures(
         runs=list(runs),
-        throughput_tps=_mean(throughputs),
-        hours_per_100_tickers=_mean(column.hours_per_100_tickers for column in measured),
+        throughput_tps=present_mean(throughputs),
+        hours_per_100_tickers=present_mean(column.hours_per_100_tickers for column in measured),
         measured_runs=len(measured),
         left_out=left_out,
         cost=cost_means(column.cost for column in measured),
-        latency={name: _mean(f[name] for f in figures) for name in LATENCY_FIGURES},
+        latency={name: present_mean(f[name] for f in figures) for name in LATENCY_FIGURES},
         server=server,
         self_qwk=self_qwk,
         self_agree_rate=self_rate,

@@ -29,6 +29,7 @@ __all__ = (
     "ICSeries",
     "ic_series",
     "pair_evidence",
+    "present_mean",
     "rank_ic_evidence",
     "throughput_evidence",
     "within_noise",
@@ -58,7 +59,8 @@ class ICSeries(msgspec.Struct, frozen=True, kw_only=True):
     """Share of the dates with an IC above zero."""
 
 
-def _mean(values: Iterable[float | None]) -> float | None:
+def present_mean(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are there (a run pair without a kappa does not count); None if none is."""
     present = [v for v in values if v is not None]
     return math.fsum(present) / len(present) if present else None
 
@@ -71,10 +73,10 @@ def pair_evidence(
     pairs: Sequence[tuple[str, str]], labels: Labels, scale: Sequence[str], draw: Draw = resample_indices
 ) -> tuple[Evidence, Evidence]:
     """The intervals of the mean QWK and of the mean agreement rate over `pairs`, resampling their keys."""
-    keys = sorted(set().union(*(labels[x].keys() & labels[y].keys() for x, y in pairs)) if pairs else set())
     if not pairs:
         none = _unavailable(0, "one run: no pair of runs to compare")
         return none, none
+    keys = sorted(set().union(*(labels[x].keys() & labels[y].keys() for x, y in pairs)))
     # per pair, per key: the two labels, or None when one run did not label the key
     paired = [
         [(labels[x][k], labels[y][k]) if k in labels[x] and k in labels[y] else None for k in keys] for x, y in pairs
@@ -88,14 +90,14 @@ def pair_evidence(
         for pair in paired:
             both = drawn(pair, rows)
             values.append(quadratic_weighted_kappa([p for p, _ in both], [q for _, q in both], scale).value)
-        return _mean(values)
+        return present_mean(values)
 
     def rate(rows: Sequence[int]) -> float | None:
         values = []
         for pair in paired:
             both = drawn(pair, rows)
             values.append(sum(p == q for p, q in both) / len(both) if both else None)
-        return _mean(values)
+        return present_mean(values)
 
     n = len(keys)
     return (
@@ -118,7 +120,7 @@ def _mean_rho(per_run: list[list[tuple[float, float] | None]], rows: Sequence[in
     for points in per_run:
         both = [item for i in rows if (item := points[i]) is not None]
         values.append(spearman([x for x, _ in both], [y for _, y in both]).value)
-    return _mean(values)
+    return present_mean(values)
 
 
 def rank_ic_evidence(
