@@ -60,6 +60,9 @@ UNREACHABLE_STREAK = 5
 server costs a handful of recorded failures instead of the rest of the run (71 of 80 in issue #53)."""
 UNREACHABLE = "upstream_unreachable"
 """The gateway's error code for a connection the upstream refused or dropped before answering (gateway.errors)."""
+RESET = "upstream_reset"
+"""A call the upstream dropped mid-answer: what the calls in flight get when it dies, so it neither counts
+towards the streak nor ends it."""
 """The most `GET /v1/models` may take (less when the deadline or the call timeout is shorter)."""
 
 
@@ -200,9 +203,11 @@ class _Halt:
         self.upstream_lost = False
         self._unreachable = 0
 
-    def answered(self, unreachable: bool) -> None:
-        """One call's outcome: a streak of `UNREACHABLE_STREAK` unreachable ones stops the dispatching."""
-        self._unreachable = self._unreachable + 1 if unreachable else 0
+    def answered(self, code: str | None) -> None:
+        """One call's outcome (the gateway's error code, if any): `UNREACHABLE_STREAK` unreachable ones in a
+        row stop the dispatching; an answer ends the streak, a reset leaves it as it is."""
+        if code != RESET:
+            self._unreachable = self._unreachable + 1 if code == UNREACHABLE else 0
         self.upstream_lost = self.upstream_lost or self._unreachable >= UNREACHABLE_STREAK
 
     def is_set(self) -> bool:
@@ -262,10 +267,10 @@ async def _drive(
 
             async def send(request: ReplayRequest, body: bytes) -> None:
                 try:
-                    response, unreachable = await _send(http, request, body, new_run)
+                    response, code = await _send(http, request, body, new_run)
                     tally.ok += 200 <= response < 300
                     tally.error += not 200 <= response < 300
-                    stop.answered(unreachable)
+                    stop.answered(code)
                 except httpx.HTTPError:
                     pass  # recorded by the gateway (e.g. upstream reset); counted as not answered
                 finally:
@@ -306,22 +311,22 @@ async def _drive(
     return tally
 
 
-async def _send(http: httpx.AsyncClient, request: ReplayRequest, body: bytes, new_run: str) -> tuple[int, bool]:
-    """One request: its status, and whether the gateway found the upstream unreachable. The response is read
-    to its end (a stream's last bytes) and dropped."""
+async def _send(http: httpx.AsyncClient, request: ReplayRequest, body: bytes, new_run: str) -> tuple[int, str | None]:
+    """One request: its status, and the gateway's error code for a 502 it answered itself. The response is
+    read to its end (a stream's last bytes) and dropped."""
     headers = [*request.headers, *_tag_headers(new_run, request.tags)]
     url = request.path + ("?" + request.query if request.query else "")
     async with http.stream(request.method, url, content=body, headers=headers) as response:
         if response.status_code != 502:
             async for _ in response.aiter_raw():
                 pass
-            return response.status_code, False
+            return response.status_code, None
         answer = await response.aread()  # an error body, small
     try:
         code = msgspec.json.decode(answer, type=_GatewayError).error.code
     except msgspec.DecodeError:  # the upstream's own 502, passed through
         code = None
-    return response.status_code, code == UNREACHABLE
+    return response.status_code, code if isinstance(code, str) else None
 
 
 def _progress(console: Console) -> Progress:
