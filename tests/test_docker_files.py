@@ -4,13 +4,22 @@
   each replica keeps its own state (spool); no host port is `ledger ui`'s default;
 - image: the `otel` and `parquet` extras installed, every pip step pinned by docker/constraints.txt
   (a full freeze: every line `name==version`, every requirement of `.[otel,parquet]` in it); the
-  gateway's state (spool, key) on a volume of its own, not beside the database.
+  gateway's state (spool, key) on a volume of its own, not beside the database; the health check asks
+  the port LEDGER_PORT names; the entrypoint refuses a bind mount it cannot write, saying how to fix it
+  (both run here: the check against a loopback server, the entrypoint as an unprivileged user).
 """
 
 from __future__ import annotations
 
+import http.server
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -119,3 +128,71 @@ def test_the_gateways_state_is_not_beside_the_database() -> None:
     assert database_dir != state_dir and not state_dir.is_relative_to(database_dir)
     (volumes,) = [msgspec.json.decode(args) for op, args in final if op == "VOLUME"]
     assert {str(database_dir), str(state_dir)} <= set(volumes)
+
+
+def _healthcheck_program() -> str:
+    (args,) = [args for op, args in _final_stage() if op == "HEALTHCHECK"]
+    command = msgspec.json.decode(args.split("CMD", 1)[1].strip())
+    assert command[:2] == ["python", "-c"], command
+    return str(command[2])
+
+
+def test_the_healthcheck_follows_the_configured_port() -> None:
+    """The image's health check asks the port LEDGER_PORT names (a compose file that moves it stays healthy)."""
+    assert not re.search(r"\b8300\b", _healthcheck_program())  # no port of its own
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/_ledger/health" else 404)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        for env_port, healthy in ((port, True), (_free_port(), False)):
+            env = {**os.environ, "LEDGER_PORT": str(env_port)}
+            done = subprocess.run([sys.executable, "-c", _healthcheck_program()], env=env, capture_output=True)
+            assert (done.returncode == 0) is healthy, done.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _entrypoint(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The image's entrypoint as a user that owns nothing here (nobody), running `echo started`."""
+    (entry,) = [msgspec.json.decode(args) for op, args in _final_stage() if op == "ENTRYPOINT"]
+    (copied,) = [args.split() for op, args in _final_stage() if op == "COPY" and args.endswith(entry[-1])]
+    script = ROOT / copied[0]
+    command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *entry[:-1], str(script)]
+    return subprocess.run(
+        [*command, "echo", "started"], env={"PATH": os.environ["PATH"], **env}, text=True, capture_output=True
+    )
+
+
+def test_the_entrypoint_says_how_to_fix_a_bind_mount_it_cannot_write() -> None:
+    # Not tmp_path: pytest's base directory is 0700, so nobody could not even look inside.
+    with tempfile.TemporaryDirectory(prefix="entrypoint-") as base:
+        Path(base).chmod(0o755)
+        data = Path(base) / "data"  # a host directory owned by another user (root, mode 0755)
+        data.mkdir(mode=0o755)
+        state = Path(base) / "state"
+        state.mkdir()
+        state.chmod(0o777)
+        env = {"LEDGER_DATABASE_URL": f"sqlite:///{data}/ledger.db", "LEDGER_STATE_DIR": str(state)}
+        refused = _entrypoint(env)
+        assert refused.returncode == 2 and "started" not in refused.stdout
+        assert f"{data} (LEDGER_DATABASE_URL) is not writable by uid 65534" in refused.stderr
+        assert "chown 65534:" in refused.stderr and "--user" in refused.stderr
+        data.chmod(0o777)
+        started = _entrypoint(env)
+        assert started.returncode == 0 and started.stdout == "started\n", started.stderr
