@@ -68,11 +68,13 @@ async def run_workload(
     concurrency: int,
     model: str,
     seed: int | None = None,
-    on_call: Callable[[int], None] = lambda _tokens: None,
+    on_call: Callable[[int, int], None] = lambda _tokens, _chunks: None,
 ) -> WorkloadResult:
     """Send every ticker's steps through the gateway at `base_url`; tags go in X-Ledger-* headers.
 
-    `seed`: the requests' sampling seed (vLLM's per-request `seed`), none by default."""
+    `seed`: the requests' sampling seed (vLLM's per-request `seed`), none by default. `on_call(tokens, chunks)`
+    after each call: its output tokens as the server reported them, or, for a stream (which carries no usage
+    here), 0 and its chunks: a chunk can hold several tokens (speculative decoding), so chunks are not tokens."""
     import openai  # here, not at the top: half a second every `ledger` command would pay for the demo's client
 
     client = openai.AsyncOpenAI(
@@ -107,14 +109,14 @@ async def run_workload(
                     if line.startswith("data: {"):
                         chunks += 1
             totals["streamed"] += 1
-            on_call(chunks)
+            on_call(0, chunks)
             return
         completion = await client.chat.completions.create(**common)  # type: ignore[call-overload]
         usage = completion.usage
         if usage is not None:
             totals["prompt"] += usage.prompt_tokens
             totals["completion"] += usage.completion_tokens
-        on_call(usage.completion_tokens if usage is not None else 0)
+        on_call(usage.completion_tokens if usage is not None else 0, 0)
 
     async def worker() -> None:
         while not queue.empty():
@@ -125,7 +127,7 @@ async def run_workload(
                     await one_call(ticker, step)
                 except openai.APIError:
                     totals["failed"] += 1
-                    on_call(0)
+                    on_call(0, 0)
 
     try:
         await asyncio.gather(*(worker() for _ in range(concurrency)))

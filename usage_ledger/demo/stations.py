@@ -95,7 +95,9 @@ async def drive_all(batches: list[Batch], steps: int, console: Console) -> list[
         TextColumn("[bold]{task.description}"),
         BarColumn(bar_width=20),
         MofNCompleteColumn(),
-        TextColumn("{task.fields[tokens]:,} output tokens"),
+        # Streams carry no usage to the client (the gateway hides the chunk it asked for): their chunks are
+        # counted apart, never added to the tokens (a chunk can hold several tokens).
+        TextColumn("{task.fields[tokens]:,} tokens + {task.fields[chunks]:,} stream chunks"),
         TimeElapsedColumn(),
         console=console,
     ) as progress:
@@ -104,14 +106,15 @@ async def drive_all(batches: list[Batch], steps: int, console: Console) -> list[
             station, profile = batch.station, batch.box.profile
             tickers = list(TICKERS[: batch.box.tickers])
             task = progress.add_task(
-                f"{batch.run} ({profile.concurrency} in flight)", total=len(tickers) * steps, tokens=0
+                f"{batch.run} ({profile.concurrency} in flight)", total=len(tickers) * steps, tokens=0, chunks=0
             )
-            tokens = 0
+            tokens = chunks = 0
 
-            def on_call(completion_tokens: int) -> None:
-                nonlocal tokens
+            def on_call(completion_tokens: int, stream_chunks: int) -> None:
+                nonlocal tokens, chunks
                 tokens += completion_tokens
-                progress.update(task, advance=1, tokens=tokens)
+                chunks += stream_chunks
+                progress.update(task, advance=1, tokens=tokens, chunks=chunks)
 
             emulated_start, real_start = await _clock(station.emulator_url), time.monotonic()
             result = await run_workload(
