@@ -59,7 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="generate",
         help="generate: chat/completions/responses; pooling: /v1/embeddings only (vLLM's --runner)",
     )
-    p.add_argument("--fault", action="append", default=[], help="fault applied to every request (see docs)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        help="a fault for every request, repeatable: error-mid-stream[=N], drop-mid-stream[=N], slow-headers=SECONDS, "
+        "status=CODE (docs/emulator.md, Faults)",
+    )
     p.add_argument("--enable-prompt-tokens-details", action="store_true", help="usage.prompt_tokens_details")
     p.add_argument(
         "--enable-force-include-usage",
