@@ -11,7 +11,7 @@ from rich.console import Console
 
 from usage_ledger.commands.decide import print_decision
 from usage_ledger.commands.output import DEFAULT_WIDTH
-from usage_ledger.commands.support import run_command
+from usage_ledger.commands.support import DEMO_DB_FILE, run_command
 from usage_ledger.commands.ui import DEFAULT_PORT
 from usage_ledger.demo import DemoOptions, run_demo
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     demo.add_argument(
         "--db-file",
-        default="ledger-demo.db",
+        default=DEMO_DB_FILE,
         help="SQLite file the runs are added to; created if missing, never deleted (default ./ledger-demo.db)",
     )
     demo.add_argument(

@@ -153,6 +153,7 @@ def report_command(args: argparse.Namespace) -> int:
         table = table_options(args)
         gap = settings.reports.run_gap_s
         database = await open_checked(settings)
+        notes: list[str] = []
         try:
             if args.kind == "runs":
                 rows: list[msgspec.Struct] = list(
@@ -169,6 +170,13 @@ def report_command(args: argparse.Namespace) -> int:
                     database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone, filters=selected
                 )
                 rows = list(await eras)
+                if rows and all(isinstance(row, EraRow) and row.group is None for row in rows):
+                    runs = await runs_report(database, run_gap_s=gap, filters=selected)
+                    labels = sorted({name for run in runs for name in run.labels} | {"model"})
+                    notes.append(
+                        f"no run carries a {args.by} label; the labels runs carry: {', '.join(labels)} "
+                        "(--by model groups by the served model)"
+                    )
             else:
                 days = await daily_report(
                     database, tz=settings.reports.tz, run=args.run, run_gap_s=gap, filters=selected
@@ -178,7 +186,7 @@ def report_command(args: argparse.Namespace) -> int:
             title = f"eras by {args.by}" if args.kind == "eras" else title
             print_rows(rows, args.output_format, title=title, zone=zone, **table)
             if args.output_format == "table" and args.kind in ("runs", "eras") and rows:
-                _print_table_notes(args, rows)
+                _print_table_notes(args, rows, notes)
         finally:
             await database.dispose()
         return 0
@@ -186,7 +194,7 @@ def report_command(args: argparse.Namespace) -> int:
     return run_command(main)
 
 
-def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> None:
+def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct], more: list[str]) -> None:
     """Under a runs or eras table: what its tok/s is, and how to label the runs an eras table could not group."""
     first = rows[0]
     if not isinstance(first, RunRow | EraRow):
@@ -222,7 +230,7 @@ def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct]) -> 
             notes.append(
                 f"{row.group or '-'}: {row.runs - row.measured_runs} of {row.runs} runs not in its means ({why})"
             )
-    for note in notes:
+    for note in notes + more:
         print(textwrap.fill(note, terminal_width(), subsequent_indent="    "))
 
 

@@ -8,12 +8,15 @@ import asyncio
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
-from usage_ledger.ledger import Database, LedgerError, open_database, require_head
+from usage_ledger.ledger import Database, LedgerError, SchemaError, StorageSettings, open_database, require_head
 from usage_ledger.settings import Settings, load_settings
 
-__all__ = ("add_db_option", "open_checked", "run_command", "settings_from_args")
+__all__ = ("DEMO_DB_FILE", "add_db_option", "open_checked", "run_command", "settings_from_args")
+
+DEMO_DB_FILE = "ledger-demo.db"  # `ledger demo`'s ledger, in the directory it runs in
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +51,26 @@ async def open_checked(settings: Settings) -> Database:
     )
     try:
         await require_head(database)
+    except SchemaError as exc:
+        await database.dispose()
+        if storage.database_url == StorageSettings().database_url and "no ledger database" in str(exc):
+            raise SchemaError(f"{exc}\n{_default_ledger_hint()}") from exc
+        raise
     except BaseException:
         await database.dispose()
         raise
     return database
+
+
+def _default_ledger_hint() -> str:
+    """After `ledger demo`, a bare `ledger report runs` looks for ./ledger.db: say where the ledgers are."""
+    demo = Path(DEMO_DB_FILE)
+    where = (
+        f"the demo's ledger is here: add --db sqlite:///{demo}, or export LEDGER_DATABASE_URL=sqlite:///{demo}"
+        if demo.is_file()
+        else f"`ledger demo` records into ./{demo} (then --db sqlite:///{demo})"
+    )
+    return (
+        "ledger: note: that is the default, used because neither --db nor LEDGER_DATABASE_URL names a ledger; "
+        f"{where}. A gateway's ledger is the URL it was served with."
+    )
