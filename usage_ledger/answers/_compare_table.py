@@ -120,7 +120,9 @@ def _notes(comparison: Comparison, letters: str) -> list[str]:
     return lines
 
 
-def comparison_table(comparison: Comparison, metric_values: Callable[[RunComparison], dict[str, float | None]]) -> str:
+def comparison_table(
+    comparison: Comparison, metric_values: Callable[[RunComparison], dict[str, float | None]], *, width: int = 100
+) -> str:
     letters = string.ascii_uppercase
     runs = comparison.runs
     values = [metric_values(run) for run in runs]
@@ -141,7 +143,7 @@ def comparison_table(comparison: Comparison, metric_values: Callable[[RunCompari
             cells = [_cell(v[key]) for v in values]
             ratios = [_ratio_cell(r.values.get(key)) for r in comparison.ratios]
             table.add_row(label, *cells, *ratios)
-    width = max(100, 24 + 16 * len(runs) + 9 * len(comparison.ratios))
+    width = max(width, 24 + 16 * len(runs) + 9 * len(comparison.ratios))
     out = io.StringIO()
     console = Console(file=out, width=width, no_color=True, highlight=False)
     console.print(table)

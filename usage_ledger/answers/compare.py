@@ -307,10 +307,11 @@ async def compare_runs(
     return Comparison(runs=columns, ratios=ratios)
 
 
-def render_comparison(comparison: Comparison, output_format: str) -> str:
-    """`json`: `{"runs": [...], "ratios": [...]}`; `table`: metrics as rows, runs (then ratios) as columns."""
+def render_comparison(comparison: Comparison, output_format: str, *, width: int = 100) -> str:
+    """`json`: `{"runs": [...], "ratios": [...]}`; `table`: metrics as rows, runs (then ratios) as columns, its notes
+    wrapped to `width` (the table is as wide as its runs need, past `width` only when they need more)."""
     if output_format == "json":
         return msgspec.json.encode(comparison).decode()
     if output_format == "table":
-        return comparison_table(comparison, metric_values)
+        return comparison_table(comparison, metric_values, width=width)
     raise ProjectionError(f"unknown format {output_format!r}: use table or json")

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from usage_ledger.answers import compare_runs, render_comparison
+from usage_ledger.commands.output import terminal_width
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
 from usage_ledger.ledger import configure_logging
 
@@ -23,7 +24,7 @@ def compare_command(args: argparse.Namespace) -> int:
             comparison = await compare_runs(database, args.runs, run_gap_s=settings.reports.run_gap_s)
         finally:
             await database.dispose()
-        text = render_comparison(comparison, args.output_format)
+        text = render_comparison(comparison, args.output_format, width=terminal_width())
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return 0
 

@@ -3,8 +3,10 @@
 Tables fit the terminal (DESIGN §6: a 100-column terminal must not cut cells to 3 characters):
 a row type may register a compact default column set (`compact_columns`); `columns=` picks any
 flattened fields, `wide=True` shows them all at their natural width (for `less -S`). In the
-default view, columns that do not fit are left out from the right and a note says which; a long
-text cell is ellipsised rather than wrapped. Numbers are right-aligned with thousands separators.
+default view the table is fitted by `usage_ledger.narrow`: long text shortened, zero-only columns,
+then the lowest priority ones (`_PRIORITY`; a column without one goes first, from the right) left
+out, and a note says which; the row's name and its key figure (`_KEEP`: throughput) always stay.
+Numbers are right-aligned with thousands separators.
 JSON and CSV are machine formats: every field, raw values, whatever the terminal.
 """
 
@@ -23,12 +25,13 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 from rich import box
-from rich.cells import cell_len, set_cell_size
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from usage_ledger.answers import csv_cell, in_zone
+from usage_ledger.narrow import Column, clip, fit_table
 from usage_ledger.projections import ProjectionError
 
 __all__ = (
@@ -46,9 +49,7 @@ _encoder = msgspec.json.Encoder()
 DEFAULT_WIDTH = 100
 """Width of a table written off a terminal without COLUMNS (a file, a pipe, a test's capture)."""
 _MIN_TEXT = 12
-"""A text column is never ellipsised below this (nor below its header)."""
-_MIN_KEY = 36
-"""Nor the first column (the row's name) below this, unless it is alone: a UUID call id or an `auto-…` run fits."""
+"""A record's value column is never narrower."""
 
 # A run's server block in tables and CSV: the few that matter (JSON has all of it).
 _SERVER_SUMMARY = (
@@ -100,6 +101,40 @@ _OPTIONAL: dict[str, frozenset[str]] = {
     "RunRow": frozenset({"truncated_calls", "server.spec_decode_acceptance_rate", "server.reconciled"}),
 }
 
+# What a narrow terminal keeps longest (higher first); a column not named here goes first, from the right, and
+# a negative one before the first column (a run's name) is shortened (usage_ledger.narrow).
+_PRIORITY: dict[str, dict[str, float]] = {
+    "RunRow": {
+        "wall_s": 90,
+        "output_tokens": 80,
+        "calls": 70,
+        "input_tokens": 60,
+        "server.spec_decode_acceptance_rate": 50,
+        "server.reconciled": -1,  # negative: left out before run names are shortened
+        "truncated_calls": -2,
+    },
+    "EraRow": {
+        "runs": 90,
+        "mean_wall_s": 80,
+        "median_throughput_tps": 70,
+        "min_throughput_tps": 60,
+        "max_throughput_tps": 60,
+        "days": 50,
+    },
+    "TickerRow": {"output_tokens": 90, "calls": 80, "input_tokens": 70},
+    "DailyRow": {"output_tokens": 90, "calls": 80, "input_tokens": 70, "failed_calls": 60},
+    "WeekdayRow": {"output_tokens": 90, "calls": 80, "input_tokens": 70, "failed_calls": 60},
+    "CallView": {"status": 90, "output_tokens": 80, "elapsed_s": 70, "ttft_s": 60},
+}
+# The figure a table exists for: never left out, whatever the width (the row's name, the first column, neither).
+_KEEP: dict[str, frozenset[str]] = {
+    "RunRow": frozenset({"throughput_tps"}),
+    "EraRow": frozenset({"mean_throughput_tps"}),
+    "TickerRow": frozenset({"ticker"}),
+}
+# First columns that stay whole (an id to copy), never shortened in the middle.
+_WHOLE_KEYS = frozenset({"call_id"})
+
 # Means of counts (`report daily --weekday-mean`) are whole numbers in tables; JSON and CSV keep the exact mean.
 _WHOLE: dict[str, frozenset[str]] = {
     "WeekdayRow": frozenset({"calls", "failed_calls", "input_tokens", "output_tokens"}),
@@ -110,10 +145,22 @@ class UnknownColumns(ProjectionError):
     """`--columns` named a field the rows do not have (exit 2, listing the valid names)."""
 
 
-def compact_columns(row_type: type[msgspec.Struct], names: Sequence[str], *, when_present: Sequence[str] = ()) -> None:
-    """Register the default table columns of `row_type` (flattened names); `when_present` ones only if non-null."""
+def compact_columns(
+    row_type: type[msgspec.Struct],
+    names: Sequence[str],
+    *,
+    when_present: Sequence[str] = (),
+    priority: dict[str, float] | None = None,
+    keep: Sequence[str] = (),
+) -> None:
+    """Register the default table columns of `row_type` (flattened names); `when_present` ones only if non-null;
+    `priority`: which stay longest on a narrow terminal; `keep`: never left out."""
     _COMPACT[row_type.__name__] = tuple(names)
     _OPTIONAL[row_type.__name__] = frozenset(when_present)
+    if priority is not None:
+        _PRIORITY[row_type.__name__] = dict(priority)
+    if keep:
+        _KEEP[row_type.__name__] = frozenset(keep)
 
 
 def flatten(row: msgspec.Struct) -> dict[str, Any]:
@@ -235,60 +282,10 @@ def _chosen(
     return [c for c in compact if c not in optional or any(r.get(c) is not None for r in flat)]
 
 
-def _clip(text: str, limit: int) -> str:
-    """`text` in at most `limit` terminal cells, ending in `…` when shortened."""
-    if cell_len(text) <= limit:
-        return text
-    return set_cell_size(text, max(limit - 1, 0)).rstrip() + "…"
-
-
 def _print_title(console: Console, title: str) -> None:
     # its own line, not the table's title (rich wraps that to the table's width); Text: a `[` is not markup
     if title:
-        console.print(Text(_clip(title, console.width), style="bold"))
-
-
-def _table(names: Sequence[str], cells: dict[str, list[str]], numeric: dict[str, bool]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for name in names:
-        table.add_column(
-            _SHORT.get(name, name), justify="right" if numeric[name] else "left", no_wrap=True, overflow="ellipsis"
-        )
-    for i in range(len(cells[names[0]])):
-        table.add_row(*(Text(cells[n][i]) for n in names))
-    return table
-
-
-def _overhead(count: int) -> int:
-    """Characters a SIMPLE_HEAD table without edges adds to its columns' contents: padding and separators."""
-    return 3 * count - 1
-
-
-def _fit(names: list[str], widths: dict[str, int], numeric: dict[str, bool], width: int) -> tuple[list[str], int]:
-    """(columns kept, width to ellipsise text columns to).
-
-    Long text cells are shortened first (never below _MIN_TEXT or their header; the first column,
-    the row's name, not below _MIN_KEY); then columns are left out from the right.
-    """
-    kept = list(names)
-
-    def used(cap: int) -> int:
-        return sum(widths[n] if numeric[n] else _limit(n, i, cap, widths[n]) for i, n in enumerate(kept))
-
-    while True:
-        budget = width - _overhead(len(kept))
-        cap = max(widths.values())
-        while cap > _MIN_TEXT and used(cap) > budget:
-            cap -= 1
-        if used(cap) <= budget or len(kept) == 1:
-            return kept, cap
-        kept.pop()
-
-
-def _limit(name: str, index: int, cap: int, natural: int) -> int:
-    """The width text column `name` (at `index`) gets under `cap`."""
-    floor = _MIN_KEY if index == 0 else 0
-    return min(natural, max(cap, floor, len(_SHORT.get(name, name))))
+        console.print(Text(clip(title, console.width), style="bold"))
 
 
 def print_rows(
@@ -327,37 +324,53 @@ def print_rows(
     whole = _WHOLE.get(type(rows[0]).__name__, frozenset())
     cells = {n: [_cell(round(r[n]) if n in whole and r[n] is not None else r[n], zone) for r in flat] for n in names}
     numeric = {n: _numeric([r[n] for r in flat]) for n in names}
-    widths = {n: max(len(_SHORT.get(n, n)), *(cell_len(c) for c in cells[n])) for n in names}
-    hidden: list[str] = []
-    if wide or columns is not None:  # asked for: natural width, even past the terminal
-        kept, cap = names, max(widths.values())
-        width = max(width, sum(widths.values()) + _overhead(len(names)))
-    else:
-        kept, cap = _fit(names, widths, numeric, width)
-        hidden = names[len(kept) :]
-    for i, n in enumerate(kept):
-        # a first column that is all there is gets the whole line
-        limit = width - _overhead(1) if len(kept) == 1 else _limit(n, i, cap, widths[n])
-        if not numeric[n]:
-            cells[n] = [_clip(c, limit) for c in cells[n]]
     console = _console(width)
+    if wide or columns is not None:  # asked for: natural width, even past the terminal
+        widths = {n: max(len(_SHORT.get(n, n)), *(cell_len(c) for c in cells[n])) for n in names}
+        console = _console(max(width, sum(widths.values()) + 3 * len(names) - 1))
+        _print_title(console, title)
+        console.print(_plain_table(names, cells, numeric))
+        return
+    kind = type(rows[0]).__name__
+    priority, keep = _PRIORITY.get(kind, {}), _KEEP.get(kind, frozenset())
+    specs = [
+        Column(
+            _SHORT.get(n, n),
+            numeric=numeric[n],
+            priority=priority.get(n, -i - 1.0),
+            keep=n in keep,
+            whole=n in _WHOLE_KEYS,
+        )
+        for i, n in enumerate(names)
+    ]
+    fitted = fit_table(specs, [[cells[n][i] for n in names] for i in range(len(flat))], width)
     _print_title(console, title)
-    console.print(_table(kept, cells, numeric))
+    console.print(fitted.table)
+    hidden = [names[i] for i in range(len(names)) if i not in fitted.shown]
     if hidden:
         more = f"{len(hidden)} more column{'s' if len(hidden) > 1 else ''}"
         note = f"{more} (--wide, --columns): {', '.join(hidden)}"
-        console.print(_clip(note, width), style="dim", markup=False)
+        console.print(clip(note, width), style="dim", markup=False)
+
+
+def _plain_table(names: Sequence[str], cells: dict[str, list[str]], numeric: dict[str, bool]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for name in names:
+        table.add_column(_SHORT.get(name, name), justify="right" if numeric[name] else "left", no_wrap=True)
+    for i in range(len(cells[names[0]])):
+        table.add_row(*(Text(cells[n][i]) for n in names))
+    return table
 
 
 def _print_record(row: dict[str, Any], names: Sequence[str], title: str, zone: ZoneInfo | None, width: int) -> None:
     """One row as `field  value` lines: a single call or run fits any terminal."""
     label = max(len(n) for n in names)
-    room = max(_MIN_TEXT, width - label - _overhead(2))
+    room = max(_MIN_TEXT, width - label - 5)  # two columns' padding and separator
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, show_header=False)
     table.add_column("field", style="bold", no_wrap=True)
     table.add_column("value", no_wrap=True, overflow="ellipsis", max_width=room)
     for name in names:
-        table.add_row(name, Text(_clip(_cell(row[name], zone), room)))
+        table.add_row(name, Text(clip(_cell(row[name], zone), room)))
     console = _console(width)
     _print_title(console, title)
     console.print(table)

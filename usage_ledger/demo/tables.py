@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from zoneinfo import ZoneInfo
 
 import msgspec
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from usage_ledger.answers import EraRow, daily_report, eras_report, runs_report, tickers_report
 from usage_ledger.demo.plan import DemoOptions, DemoRun
 from usage_ledger.ledger import Database
+from usage_ledger.narrow import Column, fit_table
 from usage_ledger.projections import DailyRow, RunRow, TickerRow
 
-__all__ = ("Reports", "print_command", "print_reports", "read_reports", "show", "table")
+__all__ = ("Reports", "Rows", "print_command", "print_reports", "read_reports", "show", "table")
 
 
 class Reports(msgspec.Struct, frozen=True):
@@ -46,19 +46,46 @@ async def read_reports(database: Database, runs: list[DemoRun], tz: str) -> Repo
     )
 
 
-def table(title: str, columns: tuple[str, ...], *, left: int = 1) -> Table:
-    """A table in `report`'s style; the first `left` columns are text, the rest numbers."""
-    out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False)
-    for i, column in enumerate(columns):
-        out.add_column(column, justify="left" if i < left else "right", no_wrap=i < left)
-    return out
+class Rows:
+    """A table to print: its title, columns (`usage_ledger.narrow`) and rows of text cells, fitted when shown."""
+
+    def __init__(self, title: str, columns: list[Column]) -> None:
+        self.title = title
+        self.columns = columns
+        self.rows: list[list[str]] = []
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(list(cells))
 
 
-def show(console: Console, out: Table) -> None:
-    """The title on a line of its own, as `report` prints it (rich would wrap it to the table's width)."""
-    title, out.title = out.title, None
-    console.print(Text(str(title), style="bold"))
-    console.print(out)
+def table(
+    title: str,
+    columns: tuple[str, ...],
+    *,
+    left: int = 1,
+    keep: tuple[str, ...] = (),
+    priority: dict[str, float] | None = None,
+) -> Rows:
+    """A table in `report`'s style; the first `left` columns are text, the rest numbers. On a narrow console the
+    lowest `priority` columns go first (default: the rightmost), never those in `keep` (the figures the table is
+    for) nor the first (a name: shortened in the middle, after the columns of negative priority)."""
+    ranks = priority or {}
+    return Rows(
+        title,
+        [
+            Column(name, numeric=i >= left, priority=ranks.get(name, -i), keep=name in keep)
+            for i, name in enumerate(columns)
+        ],
+    )
+
+
+def show(console: Console, out: Rows) -> None:
+    """The title on a line of its own, as `report` prints it; the table fitted to the console, what it left out said."""
+    console.print(Text(out.title, style="bold"))
+    fitted = fit_table(out.columns, out.rows, console.width)
+    console.print(fitted.table)
+    if fitted.hidden:
+        console.print(Text(f"left out at this width: {', '.join(fitted.hidden)}", style="dim"))
 
 
 def print_reports(
@@ -74,6 +101,8 @@ def print_reports(
         "This demo's runs as the ledger recorded them (input, output: tokens; aggregate, per-call: output "
         "tokens per second; -seed2: the repetitions)",
         ("run", "calls", "tickers", "input", "output", "wall s", "aggregate", "per-call"),
+        keep=("aggregate", "per-call"),
+        priority={"tickers": -3, "input": -2, "calls": 1, "wall s": 2, "output": 3},
     )
     for aggregate, per_call in zip(reports.aggregate, reports.per_call, strict=True):
         recorded.add_row(
@@ -91,12 +120,13 @@ def print_reports(
     if failed:
         console.print(f"[red]{failed} calls failed[/] (ledger show run RUN lists them)")
     show(console, _story(speed, first, reports))
-    console.print(
-        "aggregate = Σ output tokens ÷ (last call end − first call start): what the box delivered\n"
-        "  (batch_aggregate, the default formula). per-call = mean over calls of output tokens ÷ the\n"
-        "  call's own duration (per_call_mean): under continuous batching calls share the GPU, so it\n"
-        "  is one request's speed, not the box's throughput. Both: ledger report runs --formula NAME."
+    explained = (
+        "aggregate = Σ output tokens ÷ (last call end − first call start): what the box delivered "
+        "(batch_aggregate, the default formula). per-call = mean over calls of output tokens ÷ the "
+        "call's own duration (per_call_mean): under continuous batching calls share the GPU, so it "
+        "is one request's speed, not the box's throughput. Both: ledger report runs --formula NAME."
     )
+    console.print(textwrap.fill(explained, console.width - 1, subsequent_indent="  "), markup=False)
     if any(run.effective_speed < 0.9 * speed for run in first):
         kept = " and ".join(f"{run.profile.name} {run.effective_speed:,.0f}×" for run in first)
         skew = first[0].effective_speed / first[-1].effective_speed
@@ -105,13 +135,20 @@ def print_reports(
             f"ledger's rates are below the GPU's × {speed:,.0f}, and its ratios off by about {skew:.2f}×. A larger "
             "--seconds runs the clocks slower; fewer other jobs on the machine let them keep up."
         )
-    top = table("Top tickers by output tokens", ("run", "ticker", "calls", "input tok", "output tok"), left=2)
+    top = table(
+        "Top tickers by output tokens",
+        ("run", "ticker", "calls", "input tok", "output tok"),
+        left=2,
+        keep=("ticker", "output tok"),
+    )
     batches = {run.run for run in first}  # a repetition's answers are as long as its batch's: the same prompts
     for row in sorted((r for r in reports.tickers if r.run in batches), key=lambda r: -r.output_tokens)[:8]:
         top.add_row(row.run, row.ticker, str(row.calls), _tokens(row.input_tokens), _tokens(row.output_tokens))
     show(console, top)
     for title, rows in ((f"Daily totals ({options.tz})", reports.daily), ("Daily totals (UTC)", reports.daily_utc)):
-        daily = table(f"{title}, the whole ledger", ("day", "calls", "failed", "input tok", "output tok"))
+        daily = table(
+            f"{title}, the whole ledger", ("day", "calls", "failed", "input tok", "output tok"), keep=("output tok",)
+        )
         for day in rows:
             daily.add_row(
                 day.day,
@@ -124,6 +161,7 @@ def print_reports(
     eras = table(
         "Eras by model, every run in the ledger (ledger report eras --by model)",
         ("model", "runs", "days", "aggregate t/s", "per-call t/s", "mean wall"),
+        keep=("aggregate t/s", "per-call t/s"),
     )
     per_call_eras = {row.group: row for row in reports.eras_per_call}
     for era in reports.eras:
@@ -155,7 +193,7 @@ def print_command(console: Console, command: str) -> None:
     )
 
 
-def _story(speed: float, first: list[DemoRun], reports: Reports) -> Table:
+def _story(speed: float, first: list[DemoRun], reports: Reports) -> Rows:
     """The README's point from the ledger's own figures: MoE ÷ dense under each formula, beside the seed's."""
     aggregate = {row.run: row for row in reports.aggregate}
     per_call = {row.run: row for row in reports.per_call}
@@ -165,6 +203,7 @@ def _story(speed: float, first: list[DemoRun], reports: Reports) -> Table:
     story = table(
         f"{a.name} ÷ {b.name}, from the ledger (both clocks at {speed:,.0f}× real time: ratios are the GPU's)",
         ("formula", a.name, b.name, f"{a.name} ÷ {b.name}", "seed, one 5090"),
+        keep=(a.name, b.name, f"{a.name} ÷ {b.name}"),
     )
     seed_aggregate = f"{a.seed_tps:,.0f} ÷ {b.seed_tps:,.0f} = {a.seed_tps / b.seed_tps:.1f}×"
     per_a, per_b = a.seed_tps / a.concurrency, b.seed_tps / b.concurrency
