@@ -55,3 +55,47 @@ def test_eras_by_a_label_no_run_carries_says_so_and_names_the_labels(tmp_path: P
     assert _ledger(tmp_path, "annotate", "--run", "b", "--hardware", "5090", "--db", db).returncode == 0
     done = _ledger(tmp_path, "report", "eras", "--by", "hardware", "--db", db)
     assert done.returncode == 0 and "5090" in done.stdout and "no run carries" not in done.stdout
+
+
+HEAVY = ("sqlalchemy", "litestar", "httpx", "rich", "alembic", "asyncpg", "aiosqlite", "openai", "numpy")
+_HELP_EVERYWHERE = """
+import argparse, contextlib, io, sys
+from usage_ledger.cli import build_parser, main
+
+def paths(parser, prefix):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield [*prefix, name]
+                yield from paths(child, [*prefix, name])
+
+helped = 0
+for path in [[], *paths(build_parser(), [])]:
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):
+        main([*path, "--help"])
+    helped += "usage: ledger" in out.getvalue()
+print(helped, " ".join(sorted({m.split(".")[0] for m in sys.modules} & set(sys.argv[1:]))))
+"""
+
+
+def test_help_imports_none_of_the_heavy_dependencies() -> None:
+    """`ledger --help` and every `ledger CMD --help` build the parsers only: no database driver, web stack or table
+    library (issue #54: every command, --help included, spent 1.1–1.4 s importing; docs/BENCHMARKS.md)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _HELP_EVERYWHERE, *HEAVY], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    helped, *imported = done.stdout.split()
+    assert int(helped) >= 30  # every command and subcommand printed its help
+    assert imported == [], f"--help imported {imported}"
+
+
+def test_a_command_imports_what_it_needs_when_it_runs(tmp_path: Path) -> None:
+    """The lazy imports resolve: each command's function is found, and `--version` still reads the version."""
+    done = _ledger(tmp_path, "--version")
+    assert done.returncode == 0 and done.stdout.startswith("ledger ") and done.stdout.split()[1][0].isdigit()
+    done = _ledger(tmp_path, "report", "runs", "--formula", "no-such", "--db", "sqlite:///x.db")
+    assert done.returncode == 2 and "invalid choice: 'no-such' (choose from batch_aggregate, per_call_mean" in (
+        done.stderr
+    )

@@ -7,15 +7,18 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
-from usage_ledger.answers import Agreement, agreement_report
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger import Database, configure_logging
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from usage_ledger.answers import Agreement
+    from usage_ledger.ledger import Database
 
 __all__ = ("add_agreement_parser", "agreement_command")
 
@@ -50,6 +53,9 @@ def add_agreement_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 def agreement_command(args: argparse.Namespace) -> int:
     """Exit 0 with the report, 2 for bad usage or input (an unknown run, a label outside --scale)."""
+
+    from usage_ledger.answers import agreement_report
+    from usage_ledger.ledger import configure_logging
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")
@@ -91,6 +97,9 @@ def _width() -> int:
 
 
 def _table(console: Console, title: str, *columns: str) -> Table:
+    from rich import box
+    from rich.table import Table
+
     console.print(f"\n[bold]{title}[/bold]")
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, name in enumerate(columns):
@@ -112,6 +121,8 @@ def _value(value: float | None) -> str:
 
 def print_agreement(result: Agreement, *, key: str) -> None:
     """The report as tables: pairs, distribution, labels per run, rank IC, then the notes."""
+    from rich.console import Console
+
     console = Console(width=_width(), soft_wrap=False, highlight=False)
     report = result.report
     console.print(f"[bold]Agreement[/bold] of {len(result.runs)} runs, one label per {key}")

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from usage_ledger.answers import compare_runs, render_comparison
-from usage_ledger.commands.output import terminal_width
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger import configure_logging
 
 __all__ = ("compare_command",)
 
 
 def compare_command(args: argparse.Namespace) -> int:
     """Exit 0 with the comparison printed; 2 for an unknown run or bad usage."""
+
+    from usage_ledger.answers import compare_runs, render_comparison
+    from usage_ledger.commands.output import terminal_width
+    from usage_ledger.ledger import configure_logging
 
     async def main() -> int:
         settings = settings_from_args(args, "run_gap_s")

@@ -5,18 +5,6 @@ from __future__ import annotations
 import argparse
 
 from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
-from usage_ledger.ledger import (
-    ConfigError,
-    configure_logging,
-    current_revision,
-    database_exists,
-    downgrade_database,
-    downgrade_steps,
-    head_revision,
-    open_database,
-    revision_history,
-    upgrade_database,
-)
 
 __all__ = ("register_db",)
 
@@ -42,6 +30,8 @@ def register_db(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import configure_logging, open_database, upgrade_database
+
     async def main() -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log.log_level, settings.log.log_format)
@@ -57,6 +47,8 @@ def _db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _db_current(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import current_revision, database_exists, head_revision, open_database
+
     async def main() -> int:
         settings = settings_from_args(args)
         database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
@@ -78,12 +70,24 @@ def _db_current(args: argparse.Namespace) -> int:
 
 
 def _db_history(_: argparse.Namespace) -> int:
+    from usage_ledger.ledger import revision_history
+
     for rev in revision_history():
         print(f"{rev.down_revision or 'base'} -> {rev.revision}{' (head)' if rev.is_head else ''}: {rev.doc}")
     return 0
 
 
 def _db_downgrade(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import (
+        ConfigError,
+        configure_logging,
+        current_revision,
+        database_exists,
+        downgrade_database,
+        downgrade_steps,
+        open_database,
+    )
+
     async def main() -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log.log_level, settings.log.log_format)

@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
-from rich import box
-from rich.console import Console
-from rich.table import Table
 
-from usage_ledger.answers import LATENCY_FIGURES, Decision, Evidence, GroupFigures, ICSeries, decide
+if TYPE_CHECKING:
+    from usage_ledger.answers import Decision, Evidence, GroupFigures, ICSeries
+    from usage_ledger.imports import Recorded
+    from usage_ledger.projections import CostMeans
+
 from usage_ledger.commands.agreement import _width
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.imports import Recorded, extract_labels, import_labels, import_returns
-from usage_ledger.ledger import configure_logging
-from usage_ledger.projections import CostMeans, ProjectionError, parse_as_of
 
 __all__ = ("add_decide_parsers",)
 
@@ -75,6 +74,10 @@ def _print_recorded(what: str, result: Recorded) -> None:
 def labels_import_command(args: argparse.Namespace) -> int:
     """Exit 0 when recorded (or already there), 2 for a bad row, an unknown run or bad usage (nothing appended)."""
 
+    from usage_ledger.imports import extract_labels, import_labels
+    from usage_ledger.ledger import configure_logging
+    from usage_ledger.projections import ProjectionError
+
     async def main() -> int:
         if (args.file is None) == (args.run is None) or (args.run is None) != (args.extract is None):
             raise ProjectionError("give FILE.csv, or --run RUN with --extract REGEX")
@@ -100,6 +103,9 @@ def labels_import_command(args: argparse.Namespace) -> int:
 def returns_import_command(args: argparse.Namespace) -> int:
     """Exit 0 when recorded (or already there), 2 for a bad row (nothing appended)."""
 
+    from usage_ledger.imports import import_returns
+    from usage_ledger.ledger import configure_logging
+
     async def main() -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log.log_level, settings.log.log_format)
@@ -116,6 +122,10 @@ def returns_import_command(args: argparse.Namespace) -> int:
 
 def decide_command(args: argparse.Namespace) -> int:
     """Exit 0 with the report; 2 for an unknown run, a label outside --scale or other bad usage."""
+
+    from usage_ledger.answers import decide
+    from usage_ledger.ledger import configure_logging
+    from usage_ledger.projections import ProjectionError, parse_as_of
 
     async def main() -> int:
         try:
@@ -170,6 +180,8 @@ def _figure(name: str, a: GroupFigures, b: GroupFigures, digits: int) -> tuple[s
 
 
 def _rows(a: GroupFigures, b: GroupFigures) -> list[tuple[str, str, str]]:
+    from usage_ledger.answers import LATENCY_FIGURES
+
     rows = [
         ("runs", ", ".join(a.runs), ", ".join(b.runs)),
         ("measured_runs", _measured(a), _measured(b)),
@@ -217,6 +229,10 @@ def _series(group: str, series: ICSeries) -> str:
 
 def print_decision(result: Decision) -> None:
     """Groups as columns, then between-group agreement, flipped keys and what is unmeasured."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console(width=_width(), soft_wrap=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, name in enumerate(("figure", "a", "b")):  # long run names fold, the figures' names never

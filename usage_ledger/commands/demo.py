@@ -7,13 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
 from usage_ledger.commands.decide import print_decision
-from usage_ledger.commands.output import DEFAULT_WIDTH
 from usage_ledger.commands.support import DEMO_DB_FILE, run_command
 from usage_ledger.commands.ui import DEFAULT_PORT
-from usage_ledger.demo import DemoOptions, run_demo
 
 __all__ = ("register",)
 
@@ -50,6 +46,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from usage_ledger.commands.output import DEFAULT_WIDTH
+    from usage_ledger.demo import DemoOptions, run_demo
+
     if not 1 <= args.tickers <= 100 or args.steps < 1 or args.seconds <= 0:
         print("ledger demo: --tickers must be 1..100, --steps ≥ 1 and --seconds > 0", file=sys.stderr)
         return 2

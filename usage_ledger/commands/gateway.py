@@ -8,17 +8,21 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from litestar import Router
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
-from usage_ledger.gateway import Background, EraseOlder, serve
-from usage_ledger.ledger import Database, LedgerError, configure_logging
-from usage_ledger.settings import Settings, load_settings
+    from litestar import Router
+
+    from usage_ledger.gateway import Background, EraseOlder
+    from usage_ledger.ledger import Database
+    from usage_ledger.settings import Settings
+
+    BackgroundFactory: TypeAlias = Callable[[Settings], Sequence[Background]]
+    RoutersFactory: TypeAlias = Callable[[Database, Settings], Sequence[Router]]
 
 __all__ = ("register",)
-
-BackgroundFactory = Callable[[Settings], Sequence[Background]]
-RoutersFactory = Callable[[Database, Settings], Sequence[Router]]
 
 
 def register(
@@ -86,6 +90,10 @@ def _serve(
     ui: RoutersFactory | None,
     erase_older: EraseOlder | None,
 ) -> int:
+    from usage_ledger.gateway import serve
+    from usage_ledger.ledger import LedgerError, configure_logging
+    from usage_ledger.settings import load_settings
+
     names = ("upstream", "host", "port", "durability", "database_url", "state_dir", "spool_dir", "min_body_rate")
     try:
         flags = {name: getattr(args, name, None) for name in (*names, "keep_bodies_days")}

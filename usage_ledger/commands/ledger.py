@@ -8,42 +8,16 @@ import re
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from usage_ledger.commands.db import register_db
-from usage_ledger.commands.retention import redact_selected
 from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
-from usage_ledger.ledger import (
-    CLOCK_SKEW,
-    BlobNotFound,
-    BlobRedacted,
-    ConfigError,
-    LedgerError,
-    LedgerReport,
-    Spool,
-    append_events,
-    blob_redacted_at,
-    blob_stream,
-    chain_head,
-    follow_events,
-    generate_key,
-    iter_events,
-    load_signing_key,
-    load_verifier_key,
-    new_event,
-    read_checkpoint_notes,
-    redact_blob,
-    replay_spool,
-    sign_checkpoint,
-    snapshot,
-    translate_db_error,
-    verify_ledger,
-    write_checkpoint_file,
-    write_key_files,
-)
-from usage_ledger.projections import ReadModelCheck, verify_read_models
+
+if TYPE_CHECKING:
+    from usage_ledger.ledger import LedgerReport
+    from usage_ledger.projections import ReadModelCheck
 
 __all__ = ("register",)
 
@@ -71,8 +45,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verify.add_argument(
         "--clock-skew-s",
         type=float,
-        default=CLOCK_SKEW.total_seconds(),
-        help="how far recorded_at may run behind an earlier row or its occurred_at (default %(default)g)",
+        help="how far recorded_at may run behind an earlier row or its occurred_at (default: the ledger's, 120)",
     )
     verify.add_argument(
         "--read-models",
@@ -139,12 +112,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import (
+        CLOCK_SKEW,
+        ConfigError,
+        LedgerError,
+        load_verifier_key,
+        read_checkpoint_notes,
+        translate_db_error,
+        verify_ledger,
+    )
+    from usage_ledger.projections import verify_read_models
+
     async def main() -> int:
         settings = settings_from_args(args)
         anchor = _parse_anchor(args.expect_head) if args.expect_head else None
         if bool(args.checkpoint) != bool(args.pubkey):
             raise ConfigError("--checkpoint and --pubkey go together: the key verifies the checkpoints' signatures")
-        if args.clock_skew_s < 0:
+        skew = CLOCK_SKEW if args.clock_skew_s is None else timedelta(seconds=args.clock_skew_s)
+        if skew < timedelta(0):
             raise ConfigError("--clock-skew-s must not be negative")
         verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
         notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
@@ -156,7 +141,7 @@ def _verify(args: argparse.Namespace) -> int:
                 checkpoints=notes,
                 verifier=verifier,
                 origin=settings.storage.checkpoint_origin,
-                clock_skew=timedelta(seconds=args.clock_skew_s),
+                clock_skew=skew,
             )
             # a fold of a broken chain says nothing: the read models are checked on an intact one only
             models = await verify_read_models(database) if args.read_models and report.chain_ok else None
@@ -224,6 +209,8 @@ def _print_read_models(models: list[ReadModelCheck] | None) -> None:
 
 
 def _keygen(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import generate_key, write_key_files
+
     async def main() -> int:
         path = Path(args.out)
         pub = write_key_files(generate_key(args.name), path)
@@ -234,6 +221,16 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import (
+        LedgerError,
+        chain_head,
+        load_signing_key,
+        sign_checkpoint,
+        snapshot,
+        translate_db_error,
+        write_checkpoint_file,
+    )
+
     async def main() -> int:
         settings = settings_from_args(args, "checkpoint_origin")
         key = load_signing_key(Path(args.key))
@@ -261,6 +258,8 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _parse_anchor(text: str) -> tuple[int, str]:
+    from usage_ledger.ledger import ConfigError
+
     position, _, digest = text.partition(":")
     if not position.isdigit() or len(digest) != 64:
         raise ConfigError(f"--expect-head {text!r}: expected POSITION:HASH with a 64-hex-digit hash")
@@ -268,6 +267,8 @@ def _parse_anchor(text: str) -> tuple[int, str]:
 
 
 def _events_tail(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import follow_events, iter_events
+
     async def main() -> int:
         settings = settings_from_args(args)
         database = await open_checked(settings)
@@ -294,6 +295,8 @@ def _events_tail(args: argparse.Namespace) -> int:
 
 
 def _spool_replay(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import Spool, replay_spool
+
     async def main() -> int:
         settings = settings_from_args(args, "spool_dir")
         database = await open_checked(settings)
@@ -317,10 +320,24 @@ def _redact(args: argparse.Namespace) -> int:
         if args.force:
             print("ledger: error: --force goes with a HASH, not with --before or --run", file=sys.stderr)
             return 2
+        from usage_ledger.commands.retention import redact_selected
+
         return redact_selected(args)
     if args.include_shared or args.dry_run or args.vacuum:
         print("ledger: error: --include-shared, --dry-run and --vacuum go with --before or --run", file=sys.stderr)
         return 2
+
+    from usage_ledger.ledger import (
+        BlobNotFound,
+        BlobRedacted,
+        ConfigError,
+        append_events,
+        blob_redacted_at,
+        blob_stream,
+        new_event,
+        redact_blob,
+        translate_db_error,
+    )
 
     async def main() -> int:
         settings = settings_from_args(args)

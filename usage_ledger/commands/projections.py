@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.commands import reports, server
 from usage_ledger.commands.agreement import add_agreement_parser
 from usage_ledger.commands.compare import compare_command
 from usage_ledger.commands.decide import add_decide_parsers
-from usage_ledger.commands.support import add_db_option
-from usage_ledger.projections import CALL_STATUSES, FORMULAS
+from usage_ledger.commands.support import Deferred, add_db_option, handler
 
 __all__ = ("register",)
 
@@ -35,11 +33,32 @@ def _fmt(parser: argparse.ArgumentParser, *choices: str) -> None:
     )
 
 
+def _formulas() -> list[str]:
+    from usage_ledger.projections import FORMULAS
+
+    return sorted(FORMULAS)
+
+
+def _formula_option(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
+    parser.add_argument(
+        "--formula",
+        action=Deferred,
+        valid=_formulas,
+        metavar="NAME",
+        required=required,
+        help=f"{help} (docs/formulas.md)",
+    )
+
+
 def _filter_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--since", metavar="WHEN", help="calls started at or after (ISO date/time; local per --tz)")
     parser.add_argument("--until", metavar="WHEN", help="calls started before (a bare date: through that day)")
     parser.add_argument("--model", help="only calls of this model")
-    parser.add_argument("--status", metavar="S[,S]", help=f"only calls with these statuses: {', '.join(CALL_STATUSES)}")
+    parser.add_argument(
+        "--status",
+        metavar="S[,S]",
+        help="only calls with these statuses, comma-separated (ok, error, failed, incomplete)",
+    )
 
 
 def _column_options(parser: argparse.ArgumentParser) -> None:
@@ -49,15 +68,13 @@ def _column_options(parser: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add this package's subcommands to the `ledger` parser."""
-    formulas = sorted(FORMULAS)
-
     p = sub.add_parser("import", help="import historical calls from JSONL or CSV files (atomic per file)")
     add_db_option(p)
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--format", dest="input_format", choices=("jsonl", "csv"), help="default: from the extension")
     p.add_argument("--source", help="source name recorded with each call (default: the file name)")
     p.add_argument("--skip-invalid", action="store_true", help="import the valid rows of a file with bad rows")
-    p.set_defaults(func=reports.import_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "import_command"))
 
     p = sub.add_parser("report", help="runs, tickers, daily totals, or eras (runs grouped by a label)")
     add_db_option(p)
@@ -66,13 +83,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--kind", dest="run_kind", metavar="KIND", help="eras: only runs labelled kind=KIND")
     p.add_argument("--run", help="only this run (an X-Ledger-Run value or an auto-… name)")
     p.add_argument("--tz", help="IANA time zone for days and times (else LEDGER_TZ)")
-    p.add_argument("--formula", choices=formulas, help="throughput formula (default: the promoted one)")
+    _formula_option(p, "throughput formula (default: the promoted one)")
     p.add_argument("--weekday-mean", action="store_true", help="daily: mean per weekday instead of per day")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _filter_options(p)
     _column_options(p)
     _fmt(p)
-    p.set_defaults(func=reports.report_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "report_command"))
 
     p = sub.add_parser("reconcile", help="runs whose calls and tokens differ from the server's own counters")
     add_db_option(p)
@@ -80,7 +97,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--all", action="store_true", help="list every run, also those that reconcile or were not sampled")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p)
-    p.set_defaults(func=server.reconcile_command)
+    p.set_defaults(func=handler("usage_ledger.commands.server", "reconcile_command"))
 
     p = sub.add_parser("audit", help="sampling and server config that vary within a run, or between two runs")
     add_db_option(p)
@@ -88,7 +105,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--against", metavar="RUN2", help="also list what differs from this run")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
     _fmt(p, "table", "json")
-    p.set_defaults(func=server.audit_command)
+    p.set_defaults(func=handler("usage_ledger.commands.server", "audit_command"))
 
     p = sub.add_parser("compare", help="runs side by side: throughput, in flight, vllm bench serve latency, server")
     add_db_option(p)
@@ -103,7 +120,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rebuild", help="rebuild projections from position 0 beside the live version, then promote")
     add_db_option(p)
     p.add_argument("names", nargs="*", metavar="NAME", help="projections to rebuild (default: all)")
-    p.add_argument("--formula", choices=formulas, help="promote with this default formula")
+    _formula_option(p, "promote with this default formula")
     p.add_argument("--keep-old", action="store_true", help="keep the previous version's rows")
     p.add_argument(
         "--workers",
@@ -113,26 +130,26 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="worker processes that fold the calls between them, each a hash range of call ids (default 1: "
         "one process, leaving the other cores to a live gateway)",
     )
-    p.set_defaults(func=reports.rebuild_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "rebuild_command"))
 
     p = sub.add_parser("projections", help="run projections or show their status")
     actions = p.add_subparsers(dest="projections_command", metavar="ACTION", required=True)
     run = actions.add_parser("run", help="apply new events to the live projections")
     add_db_option(run)
     run.add_argument("--follow", "-f", action="store_true", help="keep applying events as they are committed")
-    run.set_defaults(func=reports.projections_run_command)
+    run.set_defaults(func=handler("usage_ledger.commands.reports", "projections_run_command"))
     status = actions.add_parser("status", help="versions, checkpoints and lag")
     add_db_option(status)
     _fmt(status)
-    status.set_defaults(func=reports.projections_status_command)
+    status.set_defaults(func=handler("usage_ledger.commands.reports", "projections_status_command"))
 
     p = sub.add_parser("recompute", help="show every run under the current and another formula side by side")
     add_db_option(p)
-    p.add_argument("--formula", required=True, choices=formulas)
+    _formula_option(p, "the formula to compare with the promoted one", required=True)
     p.add_argument("--promote", action="store_true", help="make this formula the default afterwards")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
     _fmt(p)
-    p.set_defaults(func=reports.recompute_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "recompute_command"))
 
     p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind, price per hour)")
     add_db_option(p)
@@ -153,7 +170,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
     p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")
-    p.set_defaults(func=reports.annotate_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "annotate_command"))
 
     p = sub.add_parser("retag", help="correct a call's run or tags (appends call.retagged; history stays)")
     add_db_option(p)
@@ -162,7 +179,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tag", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--remove-tag", action="append", default=[], metavar="NAME")
     p.add_argument("--reason", required=True)
-    p.set_defaults(func=reports.retag_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "retag_command"))
 
     p = sub.add_parser("export", help="export calls as JSONL, CSV or Parquet")
     add_db_option(p)
@@ -185,7 +202,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--table", help="the table --clickhouse-schema names: NAME or DATABASE.NAME (default ledger_calls)")
     _filter_options(p)
-    p.set_defaults(func=reports.export_command)
+    p.set_defaults(func=handler("usage_ledger.commands.reports", "export_command"))
 
     p = sub.add_parser("show", help="one call (with bodies) or one run")
     what = p.add_subparsers(dest="show_command", metavar="WHAT", required=True)
@@ -199,11 +216,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     call.add_argument("--tz", help="IANA time zone for times (else LEDGER_TZ)")
     _column_options(call)
     _fmt(call, "text", "json")
-    call.set_defaults(func=reports.show_call_command)
+    call.set_defaults(func=handler("usage_ledger.commands.reports", "show_call_command"))
     run_p = what.add_parser("run", help="a run's report row, its tickers and its calls (paged)")
     add_db_option(run_p)
     run_p.add_argument("run", metavar="R")
-    run_p.add_argument("--formula", choices=formulas)
+    _formula_option(run_p, "throughput formula (default: the promoted one)")
     run_p.add_argument("--tz")
     run_p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
     run_p.add_argument("--limit", type=int, default=20, help="calls a page, 1..1000 (default %(default)s)")
@@ -212,4 +229,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     paging.add_argument("--page", type=int, help="page number (from 1) of --limit calls")
     _column_options(run_p)
     _fmt(run_p, "table", "json")
-    run_p.set_defaults(func=reports.show_run_command)
+    run_p.set_defaults(func=handler("usage_ledger.commands.reports", "show_run_command"))

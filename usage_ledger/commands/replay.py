@@ -19,13 +19,8 @@ import sys
 from collections.abc import Iterator
 
 import msgspec
-from rich.console import Console
 
-from usage_ledger.answers import render_comparison
 from usage_ledger.commands.support import add_db_option, open_checked, run_command
-from usage_ledger.ledger import configure_logging
-from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
-from usage_ledger.settings import load_settings
 
 __all__ = ("register",)
 
@@ -48,9 +43,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--deadline-s",
         dest="deadline_s",
         type=float,
-        default=DEFAULT_DEADLINE_S,
         metavar="S",
-        help=f"stop (as Ctrl-C does) after S seconds, exit 1 (default {DEFAULT_DEADLINE_S:g}: a day)",
+        help="stop (as Ctrl-C does) after S seconds, exit 1 (default 86400: a day)",
     )
     p.add_argument(
         "--call-timeout-s",
@@ -70,10 +64,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _replay_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from usage_ledger.answers import render_comparison
+    from usage_ledger.ledger import configure_logging
+    from usage_ledger.replay import DEFAULT_DEADLINE_S, ReplayOptions, compare_replay, describe, replay_run
+    from usage_ledger.settings import load_settings
+
     if (args.concurrency is not None and args.concurrency < 1) or (args.limit is not None and args.limit < 1):
         print("ledger replay: --concurrency and --limit must be ≥ 1", file=sys.stderr)
         return 2
-    if not args.deadline_s > 0 or (args.call_timeout_s is not None and not args.call_timeout_s > 0):
+    deadline_s = DEFAULT_DEADLINE_S if args.deadline_s is None else args.deadline_s
+    if not deadline_s > 0 or (args.call_timeout_s is not None and not args.call_timeout_s > 0):
         print("ledger replay: --deadline-s and --call-timeout-s must be > 0 seconds", file=sys.stderr)
         return 2
     if not args.upstream.startswith(("http://", "https://")):
@@ -86,7 +88,7 @@ def _replay_command(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         new_run=args.new_run,
         limit=args.limit,
-        deadline_s=args.deadline_s,
+        deadline_s=deadline_s,
         call_timeout_s=args.call_timeout_s,
     )
 

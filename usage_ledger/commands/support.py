@@ -1,22 +1,61 @@
 """What every layer's `ledger` subcommands share: the `--db` option, settings from the environment and
-flags, running an async command with the exit codes of the CLI, opening a ledger migrated to head."""
+flags, running an async command with the exit codes of the CLI, opening a ledger migrated to head.
+
+Light to import (argparse and the standard library): `ledger --help` builds every command's parser without the
+ledger, the database drivers or the web stack, which each command imports when it runs (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from usage_ledger.ledger import Database, LedgerError, SchemaError, StorageSettings, open_database, require_head
-from usage_ledger.settings import Settings, load_settings
+if TYPE_CHECKING:
+    from usage_ledger.ledger import Database
+    from usage_ledger.settings import Settings
 
-__all__ = ("DEMO_DB_FILE", "add_db_option", "open_checked", "run_command", "settings_from_args")
+__all__ = ("DEMO_DB_FILE", "Deferred", "add_db_option", "handler", "open_checked", "run_command", "settings_from_args")
 
 DEMO_DB_FILE = "ledger-demo.db"  # `ledger demo`'s ledger, in the directory it runs in
+
+
+class Deferred(argparse.Action):
+    """An option whose valid values live in a package `--help` must not import (the formulas): checked, with
+    argparse's own message and exit 2, only when the option is given."""
+
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, *, valid: Callable[[], Iterable[str]], **kwargs: Any
+    ) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.valid = valid
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        allowed = sorted(self.valid())
+        if values not in allowed:
+            parser.error(f"argument {option_string}: invalid choice: {values!r} (choose from {', '.join(allowed)})")
+        setattr(namespace, self.dest, values)
+
+
+def handler(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command function `module.name`, imported when the command runs (`--help` does not pay for it)."""
+
+    def run(args: argparse.Namespace) -> int:
+        code: int = getattr(importlib.import_module(module), name)(args)
+        return code
+
+    run.__qualname__ = f"{module}.{name}"
+    return run
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +64,16 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace, *names: str) -> Settings:
     """Settings from the environment, overridden by the flags named (None = flag not given)."""
+    from usage_ledger.settings import load_settings
+
     overrides = {name: getattr(args, name, None) for name in ("database_url", *names)}
     return load_settings(os.environ, overrides)
 
 
 def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run an async command; bad usage, bad input or an unreachable database exit with code 2."""
+    from usage_ledger.ledger import LedgerError
+
     try:
         return asyncio.run(main())
     except LedgerError as exc:
@@ -42,6 +85,8 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
 
 async def open_checked(settings: Settings) -> Database:
     """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
+    from usage_ledger.ledger import SchemaError, StorageSettings, open_database, require_head
+
     storage = settings.storage
     database = open_database(
         storage.database_url,

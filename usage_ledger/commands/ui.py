@@ -10,12 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-
 from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
-from usage_ledger.gateway import bind_socket, serve_asgi
-from usage_ledger.ledger import ConfigError, LedgerError, configure_logging, open_database, require_head
-from usage_ledger.ui import create_ui_app
 
 __all__ = ("DEFAULT_PORT", "register")
 
@@ -36,6 +31,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _missing_sqlite_file(url: str) -> Path | None:
     """A SQLite ledger file that does not exist (opening it would leave an empty file behind)."""
+    from sqlalchemy.engine import make_url
+
     parsed = make_url(url)
     if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
         return None
@@ -44,6 +41,10 @@ def _missing_sqlite_file(url: str) -> Path | None:
 
 
 def _ui(args: argparse.Namespace) -> int:
+    from usage_ledger.gateway import bind_socket, serve_asgi
+    from usage_ledger.ledger import ConfigError, LedgerError, configure_logging, open_database, require_head
+    from usage_ledger.ui import create_ui_app
+
     async def main() -> int:
         settings = settings_from_args(args, "host")
         configure_logging(settings.log.log_level, settings.log.log_format)
