@@ -27,7 +27,7 @@ LAST = datetime(9999, 12, 31, 23, 59, tzinfo=UTC)
 ZONES = ("UTC", "Asia/Seoul", "America/New_York", "Pacific/Kiritimati", "Etc/GMT+12")
 
 
-async def _seed_extremes(database: Database) -> None:
+async def _seed_extremes(database: Database, *moments: tuple[str, datetime]) -> None:
     events = [
         new_event(
             CallImported(
@@ -42,7 +42,7 @@ async def _seed_extremes(database: Database) -> None:
             ),
             stream=f"call-{name}",
         )
-        for line, (name, at) in enumerate((("first", FIRST), ("last", LAST)), start=1)
+        for line, (name, at) in enumerate(moments or (("first", FIRST), ("last", LAST)), start=1)
     ]
     await append(database, *events)
     await catch_up_all(database)
@@ -54,6 +54,17 @@ async def test_daily_counts_calls_at_the_ends_of_the_calendar_in_every_zone(data
     rows = await daily_report(database, tz=tz)
     # west of UTC the first call's local day, east of it the last's, is outside years 1..9999: its UTC day
     assert [(r.day, r.calls) for r in rows] == [("0001-01-01", 1), ("9999-12-31", 1)]
+
+
+async def test_calls_before_1970_count_on_their_own_utc_day(database: Database) -> None:
+    # SQLite's integer division truncates toward zero: a negative epoch time was counted a bucket late
+    moments = [(f"c{i}", datetime(1969, 12, 31, 23, 50, tzinfo=UTC) + timedelta(minutes=i * 4)) for i in range(5)]
+    moments.append(("older", datetime(1900, 3, 1, 23, 59, 59, tzinfo=UTC)))
+    await _seed_extremes(database, *moments)
+    rows = await daily_report(database)
+    assert [(r.day, r.calls) for r in rows] == [("1900-03-01", 1), ("1969-12-31", 3), ("1970-01-01", 2)]
+    seoul = await daily_report(database, tz="Asia/Seoul", refresh=False)  # +09:00: all on the next local day
+    assert [(r.day, r.calls) for r in seoul] == [("1900-03-02", 1), ("1970-01-01", 5)]
 
 
 async def test_the_api_and_the_dashboard_answer_over_the_ends_of_the_calendar(database: Database) -> None:

@@ -249,7 +249,10 @@ def _bucket(conn: AsyncConnection) -> object:
         # epoch no integer holds: clamped to the instant it stands for (and +infinity to the last)
         epoch = func.greatest(func.least(func.extract("epoch", calls.c.started_at), _LAST_S), _FIRST_S)
         return cast(func.floor(epoch / _BUCKET_S), BigInteger)
-    return cast(func.strftime("%s", calls.c.started_at), BigInteger) / _BUCKET_S
+    # SQLite's `/` and `%` truncate toward zero: subtracting the floored remainder first makes the division exact,
+    # so a call before 1970 lands in its own bucket (not the one after it)
+    epoch_s = cast(func.strftime("%s", calls.c.started_at), BigInteger)
+    return (epoch_s - (epoch_s % _BUCKET_S + _BUCKET_S) % _BUCKET_S) / _BUCKET_S
 
 
 async def daily_report(
