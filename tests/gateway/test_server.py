@@ -153,6 +153,39 @@ async def test_a_header_line_that_never_ends_gets_431_once_over_the_limit(databa
     assert len(gw.upstream.handled) == 1
 
 
+async def test_a_trailer_line_that_never_ends_gets_431_once_over_the_limit(database: Database, tmp_path: Path) -> None:
+    """After a chunked body httptools buffers a trailer line until it ends, as a header line: counted the same way
+    (before, only the minimum body rate cut it, once its grace had passed). Nothing reaches the upstream."""
+    head = b"POST /t HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n"
+    async with echo_gateway(make_settings(), database, tmp_path) as gw:
+        for start in (b"5\r\nhello\r\n0\r\nx-endless: ", b"5\r\nhello\r\n0\r\nx-endless-name"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+            writer.write(head + start)
+            with contextlib.suppress(ConnectionError):
+                for _ in range(4 * MAX_HEAD_BYTES // 4096):  # four times the limit in pieces, the line never ended
+                    writer.write(b"v" * 4096)
+                    await writer.drain()
+            status, headers, body = await read_response(reader)
+            assert status == 431 and headers["connection"] == "close"
+            assert json.loads(body)["error"]["code"] == "headers_too_large"
+            await close(writer)
+        assert gw.upstream.handled == []
+        # trailers near the limit, after a body sent in small chunks, in many reads: an ordinary request
+        reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)
+        writer.write(head)
+        for _ in range(3 * MAX_HEAD_BYTES // 1024):  # body pieces reset the count: more than the limit in all
+            writer.write(b"1;ext=" + b"e" * 1000 + b"\r\nx\r\n")
+            await writer.drain()
+        writer.write(b"0\r\nx-long: ")
+        for _ in range(MAX_HEAD_BYTES // 2 // 4096):
+            writer.write(b"v" * 4096)
+            await writer.drain()
+        writer.write(b"\r\n\r\n")
+        assert (await read_response(reader))[0] == 200
+        await close(writer)
+    assert gw.upstream.handled == [b"x" * (3 * MAX_HEAD_BYTES // 1024)]
+
+
 async def test_body_over_the_limit_gets_413_and_the_connection_closes(database: Database, tmp_path: Path) -> None:
     async with echo_gateway(make_settings(max_body_bytes=10), database, tmp_path) as gw:
         reader, writer = await asyncio.open_connection("127.0.0.1", gw.port)

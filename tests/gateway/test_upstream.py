@@ -199,6 +199,32 @@ async def a_response_head_over_the_cap_is_a_reset_and_closes_the_connection() ->
 
 
 @scenario
+async def a_trailer_line_that_never_ends_is_a_reset_and_closes_the_connection() -> None:
+    """An endless trailer line after a chunked body is never silent (the read timeout never cut it) and was buffered
+    by httptools until it ended: counted as it arrives, as the head's. A trailer under the cap is dropped."""
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+    endless = [head + b"x-endless: ", *[b"v" * 65536] * 64]  # 4 MiB, never ended
+    under = [head + b"x-long: ", *[b"v" * 4096] * 8, b"\r\n\r\n"]  # 32 KiB in many reads, then ended
+    for parts in (endless, under):
+
+        async def respond(request: Request, writer: asyncio.StreamWriter, parts: list[bytes] = parts) -> bool:
+            with contextlib.suppress(ConnectionError):
+                for part in parts:
+                    writer.write(part)
+                    await writer.drain()
+                    await asyncio.sleep(0)
+            return await request.hang()
+
+        async with Server(respond) as server, client(server.url, upstream_read_timeout_s=3) as upstream:
+            if parts is under:
+                assert await read_all(upstream) == (200, b"{}")
+                continue
+            with pytest.raises(UpstreamReset, match="trailer fields exceed 65536 bytes"):
+                await read_all(upstream)
+            await server.wait_peer_close()
+
+
+@scenario
 async def refused_is_unreachable() -> None:
     async with client(f"http://127.0.0.1:{free_port()}") as upstream:
         with pytest.raises(UpstreamUnreachable, match="cannot connect"):

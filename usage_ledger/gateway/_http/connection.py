@@ -58,9 +58,9 @@ class HttpConnection(GuardedConnection):
         self.head_bytes = 0
         """Of the head being parsed: the bytes httptools handed over (request target, header names and values)."""
         self.head_received = 0
-        """Of the head not yet complete: the bytes received in the reads that ended inside it."""
-        self.heads = 0
-        """Request heads completed on this connection (tells whether a read ended inside a head)."""
+        """Of the head or trailer section not yet complete: the bytes of the reads that ended inside it."""
+        self.steps = 0
+        """Heads completed and body pieces handed over on this connection (tells whether a read made no step)."""
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
 
@@ -83,8 +83,7 @@ class HttpConnection(GuardedConnection):
     def data_received(self, data: bytes) -> None:
         if self.bad_request is not None:
             return  # the connection closes after the answer in progress; nothing more is read
-        in_head = self.phase != BODY  # these bytes begin or continue a request head
-        heads = self.heads
+        steps = self.steps
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -96,9 +95,11 @@ class HttpConnection(GuardedConnection):
             else:
                 self._malformed(f"malformed HTTP request: {exc}")
             return
-        if in_head and self.heads == heads:  # the read ended inside a head: all of it was head
-            # counted as it arrives: httptools hands a header over only once its line ends, and until then
-            # buffers it, copying it again at each read (one line that never ends held the loop for seconds)
+        if self.parsing is not None and self.steps == steps:
+            # a read that ends inside a request without completing its head or handing over a body byte: all of it
+            # was head or trailer section (or a chunk's size line), counted as it arrives: httptools hands a field
+            # over only once its line ends, and until then buffers it, copying it again at each read (one line
+            # that never ends held the loop for seconds)
             self.head_received += len(data)
             if self.head_received > MAX_HEAD_BYTES:
                 self._head_too_large()
@@ -182,7 +183,7 @@ class HttpConnection(GuardedConnection):
         request = self.parsing
         assert request is not None
         parser = self.parser
-        self.heads += 1
+        self.steps += 1
         self.head_received = 0
         self.body_ticket = None  # a new body: listed by its pace if it takes more than this read
         request.received = time.time()
@@ -220,6 +221,8 @@ class HttpConnection(GuardedConnection):
     def on_body(self, body: bytes) -> None:
         request = self.parsing
         assert request is not None
+        self.steps += 1
+        self.head_received = 0
         if request.refusal is not None:
             return
         size = len(body)
@@ -275,10 +278,10 @@ class HttpConnection(GuardedConnection):
             if not request.complete:
                 if request.expect_continue and request.refusal is None:
                     self.write(_CONTINUE)
-                while not request.complete and request.refusal is None and not self.closed:
+                while not request.complete and request.refusal is None and not self.closed and self.bad_request is None:
                     await self._wait()
-            if self.closed:
-                return
+            if self.closed or (not request.complete and request.refusal is None):
+                return  # closed, or its body turned out malformed (or its trailer section too large): `_finish`
             exchange = Exchange(self, request)
             self.exchange = exchange
             if request.refusal is not None:
@@ -309,6 +312,9 @@ class HttpConnection(GuardedConnection):
         if self.requests and self.requests[0] is request:
             self.requests.popleft()
         if self.closed:
+            return
+        if exchange is None and self.bad_request is not None and not request.complete and request.refusal is None:
+            self._answer_bad_request()
             return
         if exchange is None or not exchange.ended:
             self.abort()  # the handler returned without a complete response
@@ -386,7 +392,8 @@ class HttpConnection(GuardedConnection):
             self.server.release_body(self.parsing)
         self.parsing = None
         if self.task is not None:
-            return  # answered once the request in progress is
+            self._wake()  # a handler waiting for the body of the request that failed answers now
+            return  # else answered once the request in progress is
         if self.requests:
             self._dispatch()  # complete requests that came before the bad bytes are answered first
         else:

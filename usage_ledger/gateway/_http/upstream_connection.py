@@ -7,7 +7,8 @@
 The read timeout is an idle timeout (no byte for `upstream_read_timeout_s` while reading) kept by
 one lazily re-armed timer per connection, not one timer per chunk. Reading pauses when a consumer
 lags by more than `HIGH_WATER` bytes, or while a piped consumer holds it (`hold`). A response head over
-`MAX_HEAD_BYTES` (counted as it arrives, interim responses included) is an `UpstreamInvalid` and closes the connection.
+`MAX_HEAD_BYTES` (counted as it arrives, interim responses included), or a chunked body's trailer section over it
+(the reads that carry no body byte, counted the same way), is an `UpstreamInvalid` and closes the connection.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ HIGH_WATER = 256 * 1024
 
 _NO_BODY_STATUS = frozenset({204, 304})
 _HEAD_TOO_LARGE = f"the upstream's response head exceeds {MAX_HEAD_BYTES} bytes"
+_TRAILER_TOO_LARGE = f"the upstream's trailer fields exceed {MAX_HEAD_BYTES} bytes"
 
 
 class _Pool(Protocol):
@@ -62,7 +64,10 @@ class UpstreamConnection(asyncio.Protocol):
         self.head_bytes = 0
         """Header names and values httptools handed over, interim responses' included."""
         self.head_received = 0
-        """Bytes received in reads that ended before the response's head did (interim responses' included)."""
+        """Bytes received in reads that ended inside the response's head (interim responses' included) or, handing
+        over no body byte, inside its body or trailer section: since the last body byte."""
+        self.body_read = False
+        """The read being parsed handed over a body byte."""
         self.until_close = False
         self.body: list[bytes] = []
         self.buffered = 0
@@ -89,6 +94,7 @@ class UpstreamConnection(asyncio.Protocol):
             return
         self.last_read = self.loop.time()
         in_head = not self.headers_done
+        self.body_read = False
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
@@ -99,12 +105,13 @@ class UpstreamConnection(asyncio.Protocol):
             self.close()
             self._wake()
             return
-        if in_head and not self.headers_done:
-            # counted as it arrives: httptools hands a header over only once its line ends, and until then
-            # buffers it, copying it again at each read (a hostile upstream's endless line took GBs and seconds)
+        if not self.headers_done if in_head else not (self.complete or self.body_read):
+            # counted as it arrives: httptools hands a header or trailer field over only once its line ends, and
+            # until then buffers it, copying it again at each read (a hostile upstream's endless line took GBs and
+            # seconds; an endless trailer line is never silent, so the read timeout never cut it)
             self.head_received += len(data)
             if self.head_received > MAX_HEAD_BYTES:
-                self._fail(UpstreamInvalid(_HEAD_TOO_LARGE))
+                self._fail(UpstreamInvalid(_HEAD_TOO_LARGE if in_head else _TRAILER_TOO_LARGE))
                 self.close()
                 return
         if self.overflow:  # bytes beyond the response: deliver the response, never reuse the connection
@@ -172,6 +179,8 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if not self.complete:
+            self.body_read = True
+            self.head_received = 0
             self.body.append(body)  # piped or not, handed over once the read is parsed (`data_received`)
             self.buffered += len(body)
 
