@@ -6,6 +6,7 @@ from litestar import Router, get
 
 from tests.gateway.conftest import make_settings, rigged
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.guesses import FREE_GUESSES
 
 
 @get("/ping")
@@ -45,3 +46,17 @@ async def test_admin_routes_guard_and_call_api(database: Database, tmp_path: Pat
         schema = (await client.get("/_ledger/api/schema/openapi.json", headers=auth)).json()
         assert "/_ledger/api/calls/{call_id}/events" in schema["paths"] and "/_ledger/api/extra/ping" in schema["paths"]
         assert (await client.get("/_ledger/api/extra/ping", headers=auth)).json() == {"pong": "yes"}
+
+
+async def test_bearer_guesses_at_the_admin_api_are_slowed_down(database: Database, tmp_path: Path) -> None:
+    """Before, wrong `Authorization: Bearer` tokens at `/_ledger/api/*` were answered 401 without end."""
+    async with rigged(database, make_settings(admin_token="s3cret"), tmp_path / "spool") as rig:
+        client = rig.client
+        assert (await client.get("/_ledger/metrics")).status_code == 401  # no token offered: not a guess
+        for _ in range(FREE_GUESSES + 1):  # the last shuts the door
+            wrong = await client.get("/_ledger/metrics", headers={"authorization": "Bearer wrong"})
+            assert wrong.status_code == 401
+        for token in ("wrong", "s3cret"):  # while it is shut, the token is not compared
+            refused = await client.get("/_ledger/api/schema/openapi.json", headers={"authorization": f"Bearer {token}"})
+            assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, token
+        assert (await client.get("/_ledger/health")).status_code == 200  # health needs no token

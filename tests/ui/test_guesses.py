@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
 
 from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.guesses import FORGET_S, FREE_GUESSES, MAX_LOCK_S, GuessLimiter
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.ui.auth import COOKIE
-from usage_ledger.ui.guesses import FORGET_S, FREE_GUESSES, MAX_LOCK_S, GuessLimiter
 from usage_ledger.ui.routers import create_ui_app
 
 TOKEN = "t0ken"
@@ -82,3 +82,18 @@ async def test_the_login_form_answers_429_past_the_free_guesses_even_for_the_rig
             refused = await client.post("/_ledger/ui/login", data={**form, "token": token}, follow_redirects=False)
             assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, token
             assert "Too many wrong tokens" in refused.text and COOKIE not in refused.cookies
+
+
+async def test_bearer_guesses_at_the_json_endpoints_are_slowed_down_as_the_forms(database: Database) -> None:
+    """Before, `Authorization: Bearer` guesses at `/_ledger/ui/api/*` were unlimited (only the form was slowed)."""
+    app = create_ui_app(database, ReportSettings(), admin_token=TOKEN, refresh=False)
+    async with AsyncTestClient(app) as client:
+        for _ in range(FREE_GUESSES + 1):  # the last shuts the door
+            wrong = await client.get("/_ledger/ui/api/daily", headers={"authorization": "Bearer guess"})
+            assert wrong.status_code == 401
+        for token in ("guess", TOKEN):
+            refused = await client.get("/_ledger/ui/api/daily", headers={"authorization": f"Bearer {token}"})
+            assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1, token
+        # the form counts the same guesses: its door is shut too
+        shut = await client.post("/_ledger/ui/login", data={"next": "/_ledger/ui/", "token": TOKEN})
+        assert shut.status_code == 429

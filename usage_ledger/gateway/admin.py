@@ -6,7 +6,8 @@
     /_ledger/api/<routers>       read models supplied by the composition (runs, tickers, daily, ...)
     /_ledger/api/schema          the OpenAPI schema (…/schema/openapi.json)
 
-Everything but health needs `Authorization: Bearer $LEDGER_ADMIN_TOKEN` when the token is set.
+Everything but health needs `Authorization: Bearer $LEDGER_ADMIN_TOKEN` when the token is set; wrong tokens are
+slowed down per client (`ledger.GuessLimiter`: 429 with `Retry-After` while the door is shut).
 Handlers receive `database: Database` and `settings: GatewaySettings` as dependencies.
 """
 
@@ -30,7 +31,7 @@ from litestar.params import FromPath
 
 from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.settings import GatewaySettings
-from usage_ledger.ledger import VERSION, Database, Event, EventWriter, call_stream, read_stream
+from usage_ledger.ledger import VERSION, Database, DoorShut, Event, EventWriter, GuessLimiter, call_stream, read_stream
 
 __all__ = ("CallEvent", "CallEvents", "admin_guard", "call_events", "create_admin_app")
 
@@ -60,12 +61,21 @@ class CallEvents(msgspec.Struct, frozen=True):
 
 def admin_guard(token: str | None) -> Any:
     expected = f"Bearer {token}".encode() if token else None
+    guesses = GuessLimiter()  # wrong tokens slowed down per client, as at the dashboard's doors
 
     def guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if expected is None:
             return
         given = connection.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
+        if not given:
+            raise NotAuthorizedException("send Authorization: Bearer <LEDGER_ADMIN_TOKEN> to use the admin API")
+        client = connection.client.host if connection.client else ""
+        try:
+            right = guesses.judge(client, lambda: hmac.compare_digest(given, expected))
+        except DoorShut as shut:
+            headers = {"Retry-After": shut.retry_after}
+            raise HTTPException(str(shut), status_code=429, headers=headers) from None
+        if not right:
             raise NotAuthorizedException("send Authorization: Bearer <LEDGER_ADMIN_TOKEN> to use the admin API")
 
     return guard

@@ -63,6 +63,7 @@ from usage_ledger.ledger.events import (
     new_event,
     utc_now,
 )
+from usage_ledger.ledger.guesses import DoorShut, GuessLimiter
 from usage_ledger.ledger.heap import freeze_startup_heap
 from usage_ledger.ledger.key_files import check_random, read_key_file
 from usage_ledger.ledger.log import configure_logging
@@ -105,11 +106,13 @@ __all__ = (
     "ConfigError",
     "Database",
     "DatabaseUnavailable",
+    "DoorShut",
     "Durable",
     "ErasedBatch",
     "Erasure",
     "Event",
     "EventWriter",
+    "GuessLimiter",
     "LabelsRecorded",
     "LedgerError",
     "LedgerReport",

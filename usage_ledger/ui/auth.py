@@ -23,13 +23,13 @@ from litestar import Request, Response, get, post
 from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie
 from litestar.enums import RequestEncodingType
-from litestar.exceptions import NotAuthorizedException
+from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromQuery
 from litestar.response import Redirect
 from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED, HTTP_429_TOO_MANY_REQUESTS
 
-from usage_ledger.ui.guesses import GuessLimiter
+from usage_ledger.ledger import DoorShut, GuessLimiter
 from usage_ledger.ui.render import Renderer
 
 __all__ = ("COOKIE", "SESSION_S", "LoginRequired", "UiAuth")
@@ -106,9 +106,17 @@ class UiAuth:
     def allowed(self, connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
         if self.token is None:
             return True
+        if self._sessions.valid(connection.cookies.get(COOKIE, "")):
+            return True
         bearer = connection.headers.get("authorization", "").encode()
-        by_bearer = hmac.compare_digest(bearer, self._bearer)
-        return self._sessions.valid(connection.cookies.get(COOKIE, "")) or by_bearer
+        if not bearer:
+            return False  # no token offered: not a guess
+        client = connection.client.host if connection.client else ""
+        try:  # a bearer token is a guess like the form's: slowed down by the same count
+            return self.guesses.judge(client, lambda: hmac.compare_digest(bearer, self._bearer))
+        except DoorShut as shut:
+            headers = {"Retry-After": shut.retry_after}
+            raise HTTPException(str(shut), status_code=HTTP_429_TOO_MANY_REQUESTS, headers=headers) from None
 
     def guard(self, connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
         if not self.allowed(connection):

@@ -1,20 +1,23 @@
-"""Slowing down token guesses at the dashboard's door: per client, the first `FREE_GUESSES` wrong tokens cost
+"""Slowing down admin-token guesses, one rule for every door (the dashboard's login form, `Authorization: Bearer`
+on its JSON endpoints and on the gateway's admin API): per client, the first `FREE_GUESSES` wrong tokens cost
 nothing, then each further one shuts the door to that client for twice as long as the one before (1 s, 2 s,
-4 s … at most `MAX_LOCK_S`). While it is shut, a login is answered 429 with `Retry-After` and the token is not
+4 s … at most `MAX_LOCK_S`). While it is shut, a guess is answered 429 with `Retry-After` and the token is not
 even compared, so a right guess cannot be told from a wrong one. A right token clears the client's count; a
 client that stops guessing for `FORGET_S` is forgotten. 300 guesses took 2.3 s before; now they take a day
 (5 free, then 1 + 2 + … + 256 s, then 286 × 300 s).
 
 A client is its address as the server sees it: behind a reverse proxy every browser is the proxy, and one
-guesser slows logins for all (the admin token still opens the JSON endpoints by `Authorization: Bearer`).
+guesser slows logins for all. Each door keeps its own count (the dashboard's and the admin API's).
+In `ledger` because both the gateway and the dashboard use it, and both may import only `ledger` in common.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
-__all__ = ("FREE_GUESSES", "MAX_LOCK_S", "GuessLimiter")
+__all__ = ("FREE_GUESSES", "MAX_LOCK_S", "DoorShut", "GuessLimiter")
 
 FREE_GUESSES = 5
 MAX_LOCK_S = 300.0
@@ -29,6 +32,14 @@ class _Guesses:
         self.failed = 0
         self.last = 0.0
         self.locked_until = 0.0
+
+
+class DoorShut(Exception):
+    """A guess while the door is shut to its client: answer 429 with `Retry-After: retry_after`."""
+
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"too many wrong tokens from this address: try again in {math.ceil(wait_s)} s")
+        self.retry_after = str(math.ceil(wait_s))
 
 
 class GuessLimiter:
@@ -57,3 +68,15 @@ class GuessLimiter:
 
     def succeeded(self, client: str) -> None:
         self._clients.pop(client, None)
+
+    def judge(self, client: str, is_right: Callable[[], bool]) -> bool:
+        """Whether `client`'s token is right (counted either way); `DoorShut` without comparing while it is shut."""
+        wait_s = self.wait_s(client)
+        if wait_s > 0:
+            raise DoorShut(wait_s)
+        right = is_right()
+        if right:
+            self.succeeded(client)
+        else:
+            self.failed(client)
+        return right
