@@ -1,5 +1,7 @@
 """The soak's clients: plain and streamed calls, upstream faults asked for per request, trickling and
-disconnecting clients, and header lines that never end. Each call leaves a `Call`: what its client saw, and when.
+disconnecting clients, header lines that never end, calls to encoded or ambiguous spellings of an inference path
+(tests.gateway.spellings, sent byte for byte, each marked `x-soak-spelling` so the relay can say it saw it), and
+tricklers that reconnect whenever cut. Each call leaves a `Call`: what its client saw, and when.
 
 Upstream faults ride on request headers the gateway forwards: `X-Emulator-Fault` (the emulator's own
 switches) and `x-soak-upstream` (tests.soak.relay).
@@ -10,21 +12,34 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
 import msgspec
 
+from tests.gateway.spellings import SPELLINGS
 from tests.reliability.helpers import Outcome, chat_body, raw_call
-from tests.reliability.slow_clients import header_bomb
+from tests.reliability.slow_clients import header_bomb, reopening_trickler
 
 __all__ = ("RUN", "Call", "ClientMix", "reported_usage")
 
 RUN = "soak"
 
 # (kind, weight): what one client call does
-_KINDS = (("plain", 28), ("stream", 40), ("upstream", 17), ("disconnect", 8), ("trickle", 5), ("head-bomb", 2))
+_KINDS = (
+    ("plain", 28),
+    ("stream", 40),
+    ("upstream", 17),
+    ("disconnect", 8),
+    ("trickle", 5),
+    ("head-bomb", 2),
+    ("spelling", 4),
+    ("reopen-trickle", 1),
+)
+_REOPENING_S = (11.0, 14.0)  # reopening tricklers' span: past the 10 s grace of the minimum body rate
+_REOPENING = 3  # tricklers at a time in one such call
 # upstream faults: (name, header, value, streamed?)
 _UPSTREAM = (
     ("error-mid-stream", "X-Emulator-Fault", "error-mid-stream={n}", True),
@@ -46,6 +61,7 @@ class Call:
     outcome: Outcome
     began: float  # time.time() at the request
     ended: float
+    spelling: str | None = None  # a spelled call's `x-soak-spelling` marker
 
 
 def reported_usage(body: bytes) -> tuple[int, int] | None:
@@ -93,6 +109,12 @@ class ClientMix:
             outcome = await self._disconnect(http, rng, n, headers)
         elif kind == "head-bomb":
             outcome = await self._head_bomb()
+        elif kind == "spelling":
+            marker = f"spelled-{n}"
+            outcome = await self._spelled(rng, marker)
+            return Call(kind=kind, outcome=outcome, began=began, ended=time.time(), spelling=marker)
+        elif kind == "reopen-trickle":
+            outcome = await self._reopening(rng)
         else:
             outcome = await self._trickle(http, rng, n, headers)
         return Call(kind=kind, outcome=outcome, began=began, ended=time.time())
@@ -139,6 +161,39 @@ class ClientMix:
             return Outcome(error="ReadTimeout: a head that never ends was not answered in 60 s")
         return Outcome(status=int(answer) if answer.isdigit() else None, complete=answer.isdigit())
 
+    async def _spelled(self, rng: random.Random, marker: str) -> Outcome:
+        """A POST to one spelling of an inference path, the request target sent as is (httpx would normalise it)."""
+        target = rng.choice(SPELLINGS)
+        body = chat_body(f"soak {marker} {target.decode()}", max_tokens=rng.randint(1, 40), stream=False)
+        head = (
+            b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+            b"x-ledger-run: %s\r\nx-ledger-ticker: spelling\r\nx-soak-spelling: %s\r\nconnection: close\r\n\r\n"
+        ) % (target, len(body), RUN.encode(), marker.encode())
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        except OSError as exc:  # the gateway is restarting
+            return Outcome(error=f"{type(exc).__name__}: {exc}")
+        try:
+            writer.write(head + body)
+            async with asyncio.timeout(60):
+                answer = await reader.read(-1)
+        except TimeoutError:
+            return Outcome(error=f"ReadTimeout: {target!r} was not answered in 60 s")
+        except ConnectionError as exc:
+            return Outcome(error=f"{type(exc).__name__}: {exc}")
+        finally:
+            writer.close()
+        return _parsed(answer)
+
+    async def _reopening(self, rng: random.Random) -> Outcome:
+        """A few bodies trickled a byte every half second, each again on a new connection whenever the gateway cuts
+        it (the minimum body rate, or room made at the connection cap)."""
+        until = asyncio.get_running_loop().time() + rng.uniform(*_REOPENING_S)
+        ends = sum(
+            await asyncio.gather(*(reopening_trickler(self.port, 0.5, until) for _ in range(_REOPENING))), Counter()
+        )
+        return Outcome(body=msgspec.json.encode(dict(sorted(ends.items()))))
+
     async def _trickle(self, http: httpx.AsyncClient, rng: random.Random, n: int, headers: dict[str, str]) -> Outcome:
         """A request body sent in small pieces, and the response read slowly, in small reads."""
         stream = rng.random() < 0.5
@@ -162,3 +217,33 @@ class ClientMix:
         except httpx.HTTPError as exc:
             outcome.error = f"{type(exc).__name__}: {exc}"
         return outcome
+
+
+def _parsed(answer: bytes) -> Outcome:
+    """A whole HTTP/1.1 response read up to the close (Content-Length or chunked)."""
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if not sep or not lines[0].startswith(b"HTTP/1.") or len(parts) < 2 or not parts[1].isdigit():
+        return Outcome(error="the answer was cut before its head ended" if answer else "closed without an answer")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    outcome = Outcome(status=int(parts[1]), call_id=(headers.get(b"x-ledger-call-id") or b"").decode() or None)
+    if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+        pieces, rest = [], body
+        while True:
+            size_line, sep, rest = rest.partition(b"\r\n")
+            if not sep:
+                outcome.error = "the chunked body was cut"
+                return outcome
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                break
+            pieces.append(rest[:size])
+            rest = rest[size + 2 :]
+        body = b"".join(pieces)
+    elif (length := headers.get(b"content-length")) is not None and len(body) != int(length):
+        outcome.error = f"{len(body)} of {int(length)} body bytes"
+        return outcome
+    outcome.body = body
+    outcome.complete = True
+    return outcome

@@ -11,7 +11,9 @@ a request carrying `x-soak-upstream: <fault>` (the gateway forwards it like any 
     endless-head   a status line, then one header line that never ends, until the gateway closes (or 64 MiB)
 
 Every other request is relayed with `Connection: close` added, so each request has its own
-connection and a fault never lands on a pooled one by chance.
+connection and a fault never lands on a pooled one by chance. A request marked `x-soak-spelling: <marker>`
+is noted in `spelled` with the status the emulator answered (0 until its first byte): a call that reached the
+upstream (tests.soak.invariants).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def _close_head(head: bytes) -> bytes:
     return b"\r\n".join([*lines, b"connection: close"]) + b"\r\n\r\n"
 
 
+def _header(head: bytes, name: bytes) -> str:
+    """The value of header `name` (given with its colon, lower case) in a request head, "" if absent."""
+    return next(
+        (line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n") if line.lower().startswith(name)), ""
+    )
+
+
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limit: int | None = None) -> None:
     sent = 0
     while limit is None or sent < limit:
@@ -56,6 +65,7 @@ class UpstreamRelay:
         self.target_port = target_port
         self.rng = random.Random(seed)
         self.injected: Counter[str] = Counter()
+        self.spelled: dict[str, int] = {}
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -83,15 +93,10 @@ class UpstreamRelay:
         self._handlers.add(handler)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            fault = next(
-                (
-                    line.split(b":", 1)[1].strip().decode()
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"x-soak-upstream:")
-                ),
-                "",
-            )
-            await self._answer(fault, head, reader, writer)
+            fault, spelled = (_header(head, name) for name in (b"x-soak-upstream:", b"x-soak-spelling:"))
+            if spelled:
+                self.spelled[spelled] = 0
+            await self._answer(fault, head, reader, writer, spelled)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, TimeoutError):
             pass
         except asyncio.CancelledError:
@@ -101,7 +106,7 @@ class UpstreamRelay:
             writer.close()
 
     async def _answer(
-        self, fault: str, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, fault: str, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, spelled: str
     ) -> None:
         if fault:
             self.injected[fault] += 1
@@ -127,17 +132,27 @@ class UpstreamRelay:
             writer.transport.abort()
         else:
             await self._relay(
-                head, reader, writer, hang_after=self.rng.randint(200, 800) if fault == "hang-mid" else None
+                head, reader, writer, self.rng.randint(200, 800) if fault == "hang-mid" else None, spelled
             )
 
     async def _relay(
-        self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hang_after: int | None
+        self,
+        head: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        hang_after: int | None,
+        spelled: str,
     ) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         try:
             up_writer.write(_close_head(head))
             upload = asyncio.create_task(_pipe(reader, up_writer))
             try:
+                if spelled:  # the emulator's status: did it route the spelling to an inference API?
+                    first = await up_reader.readuntil(b"\r\n")
+                    status = first.split(b" ", 2)[1] if first.startswith(b"HTTP/1.") else b""
+                    self.spelled[spelled] = int(status) if status.isdigit() else 0
+                    writer.write(first)
                 await _pipe(up_reader, writer, hang_after)
                 if hang_after is not None:
                     # stall: forward nothing more and wait for the gateway to give up (it closes its side)

@@ -107,7 +107,9 @@ async def soak(config: SoakConfig) -> dict[str, object]:
         stack.callback(runner.stop)
         url = f"http://127.0.0.1:{port}"
         try:
-            summary = await _drive(config, rng, runner, disk, cluster, db_url, url, emulator_url, checkpoints, work)
+            summary = await _drive(
+                config, rng, runner, disk, cluster, db_url, url, emulator_url, checkpoints, work, relay.spelled
+            )
         finally:
             await relay.close()
         summary["relay_injected"] = dict(sorted(relay.injected.items()))
@@ -125,6 +127,7 @@ async def _drive(
     emulator_url: str,
     checkpoints: Path,
     work: Path,
+    relayed: dict[str, int],
 ) -> dict[str, object]:
     calls: list[Call] = []
     scan = LedgerScan()
@@ -160,7 +163,7 @@ async def _drive(
 
     unrecorded = await asyncio.to_thread(ending.unrecorded_ends, work)
     verdict = await judge(
-        db_url, calls, scan, runner.kills, await ending.upstream_log(emulator_url), unrecorded, context
+        db_url, calls, scan, runner.kills, await ending.upstream_log(emulator_url), unrecorded, context, relayed
     )
     [report] = await runs_report(db_url, RUN)
     tokens: dict[str, list[int]] = verdict.figures["tokens"]  # type: ignore[assignment]

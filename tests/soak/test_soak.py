@@ -29,6 +29,8 @@ _REQUESTS = {
     "disconnect",
     "trickle",
     "head-bomb",
+    "spelling",
+    "reopen-trickle",
     "upstream:reset-mid-stream",
     "upstream:garbage-head",
     "upstream:hang-mid-stream",
@@ -58,4 +60,6 @@ async def test_randomized_faults_lose_duplicate_and_strand_nothing(backend: str,
         assert summary["orphan_blobs"] == 0, summary
     faults: dict[str, int] = summary["faults"]  # type: ignore[assignment]
     assert _ENVIRONMENT[backend] | _REQUESTS <= set(faults), faults
+    spelled: dict[str, int] = summary["spelled"]  # type: ignore[assignment]
+    assert spelled.get("recorded", 0) > 0 and spelled.get("refused_400", 0) > 0, spelled  # both ways were taken
     assert summary["whole_200"] > 100, summary  # the load went on through the faults  # type: ignore[operator]
