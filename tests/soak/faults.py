@@ -1,6 +1,9 @@
 """What the soak breaks besides requests: the gateway process, the database, the disk.
 
 - `kill`: SIGKILL of `ledger serve` (strict durability), restarted on the same port at once.
+- `pause`: SIGSTOP of `ledger serve` for 1-9 s, then SIGCONT (a paused VM, a long GC): past
+  `LEDGER_PG_IDLE_IN_TRANSACTION_TIMEOUT_S` the server ends a transaction it held the chain's head in, and
+  what it was appending goes to the spool when it wakes. Never at once with `kill` (one gateway process).
 - `db_stop` / `db_crash` (PostgreSQL): the private cluster stopped with `pg_ctl -m fast` / `-m immediate`
   for a while, then started again.
 - `db_lock` (SQLite, which has no server to stop): another process holds an exclusive lock, so every
@@ -16,7 +19,9 @@ database is down); a kind never overlaps itself, nor a database fault another.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import sqlite3
 import subprocess
 import time
@@ -78,8 +83,10 @@ class GatewayRunner:
 
 
 def _resource(kind: str) -> str:
-    """What a fault holds while it runs: two database faults never overlap each other."""
-    return "database" if kind.startswith("db_") else kind
+    """What a fault holds while it runs: two database faults never overlap each other, nor a kill a pause."""
+    if kind.startswith("db_"):
+        return "database"
+    return "gateway" if kind in ("kill", "pause") else kind
 
 
 def _hold_exclusive_lock(path: Path, seconds: float) -> None:
@@ -117,7 +124,11 @@ class Breaker:
         self.timeline: list[tuple[str, float, float]] = []  # (kind, start, end) in time.time()
         self.errors: list[str] = []
         self.gateway_down = asyncio.Event()
-        kinds: dict[str, Callable[[], Awaitable[None]]] = {"kill": self._kill, "disk_full": self._disk_full}
+        kinds: dict[str, Callable[[], Awaitable[None]]] = {
+            "kill": self._kill,
+            "pause": self._pause,
+            "disk_full": self._disk_full,
+        }
         if cluster is not None:
             kinds |= {"db_stop": self._db_stop, "db_crash": self._db_crash}
         else:
@@ -170,6 +181,17 @@ class Breaker:
         await asyncio.sleep(self.rng.uniform(0, 1))
         await asyncio.to_thread(self.runner.start)
         self.gateway_down.clear()
+
+    async def _pause(self) -> None:
+        gateway = self.runner.gateway
+        if gateway is None or gateway.proc is None or not self.runner.alive():
+            return  # between a kill and its restart: nothing to pause
+        pid = gateway.proc.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(self.rng.uniform(1, 9))
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     async def _db_stop(self) -> None:
         await self._db_down("fast")

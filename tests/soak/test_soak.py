@@ -24,7 +24,10 @@ from tests.soak.soak import SoakConfig, soak
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 # every fault the soak injects on each backend: the test fails if a short run missed one
-_ENVIRONMENT = {"pg": {"kill", "disk_full", "db_stop", "db_crash"}, "sqlite": {"kill", "disk_full", "db_lock"}}
+_ENVIRONMENT = {
+    "pg": {"kill", "pause", "disk_full", "db_stop", "db_crash"},
+    "sqlite": {"kill", "pause", "disk_full", "db_lock"},
+}
 _REQUESTS = {
     "disconnect",
     "trickle",
