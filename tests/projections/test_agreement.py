@@ -268,7 +268,11 @@ async def test_a_pattern_that_backtracks_without_end_is_stopped_and_named(databa
 
 
 def test_agreement_of_recorded_runs(
-    gateway: Process, backend_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    gateway: Process,
+    backend_url: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rep_3_ids, chat = asyncio.run(_record(gateway.url))  # type: ignore[attr-defined]
     reps = ["rep-1", "rep-2", "rep-3"]
@@ -325,6 +329,11 @@ def test_agreement_of_recorded_runs(
     assert code == 0 and max(len(line) for line in out.splitlines()) <= 100
     first = report["pairs"][0]
     assert f"{first['raw_agree']}/{first['raw_total']}" in out and "mean QWK" in out
+    monkeypatch.setenv("COLUMNS", "80")  # and 80, with the same figures
+    code, narrow, _ = _ledger(capsys, *reps, *graded, *db)
+    assert code == 0 and max(len(line) for line in narrow.splitlines()) <= 80
+    assert f"{first['raw_agree']}/{first['raw_total']}" in narrow and "mean QWK" in narrow
+    monkeypatch.delenv("COLUMNS")
 
     # an imported run has no bodies: said, counted, never guessed
     imported = tmp_path / "old.jsonl"

@@ -50,7 +50,9 @@ async def _decided(url: str) -> bytes:
         await database.dispose()
 
 
-def test_labels_returns_and_decide(backend_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_labels_returns_and_decide(
+    backend_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = ("--db", backend_url)
     assert main(["db", "upgrade", *db]) == 0
     asyncio.run(_trace(backend_url))
@@ -82,6 +84,11 @@ def test_labels_returns_and_decide(backend_url: str, tmp_path: Path, capsys: pyt
     assert "n (a | b): throughput_tps 3 | 2 runs; self_qwk 99 | 99; rank_ic 99 | 99 tickers" in out
     noise = report["within_noise"]
     assert noise and f"within noise (the a and b intervals overlap): {', '.join(noise)}" in out
+    monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal keeps every figure and its interval
+    code, narrow, _ = _ledger(capsys, "decide", "--a", *MOE, "--b", *DENSE, "--scale", SCALE_TEXT, *db)
+    assert code == 0 and max(len(line) for line in narrow.splitlines()) <= 80
+    assert f"{report['a']['self_qwk']:.4f} [{low:.2f}, {high:.2f}]" in narrow and "throughput_tps" in narrow
+    monkeypatch.delenv("COLUMNS")
     code, out, _ = _ledger(
         capsys,
         "decide",
