@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -31,6 +30,7 @@ from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.progress import advance, progress, stage
 from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
 from usage_ledger.commands.support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.table_notes import print_table_notes
 from usage_ledger.imports import import_file
 from usage_ledger.ledger import (
     CallRetagged,
@@ -45,16 +45,13 @@ from usage_ledger.ledger import (
 )
 from usage_ledger.projections import (
     CURRENCY_LABEL,
-    FORMULAS,
     PRICE_LABEL,
     PROJECTIONS,
     ImportFailed,
     NotFound,
     ProjectionError,
-    RunRow,
     catch_up_all,
     follow_projections,
-    get_formula,
     parse_price,
     projection_named,
     projection_status,
@@ -186,52 +183,12 @@ def report_command(args: argparse.Namespace) -> int:
             title = f"eras by {args.by}" if args.kind == "eras" else title
             print_rows(rows, args.output_format, title=title, zone=zone, **table)
             if args.output_format == "table" and args.kind in ("runs", "eras") and rows:
-                _print_table_notes(args, rows, notes)
+                print_table_notes(args, rows, notes)
         finally:
             await database.dispose()
         return 0
 
     return run_command(main)
-
-
-def _print_table_notes(args: argparse.Namespace, rows: list[msgspec.Struct], more: list[str]) -> None:
-    """Under a runs or eras table: what its tok/s is, and how to label the runs an eras table could not group."""
-    first = rows[0]
-    if not isinstance(first, RunRow | EraRow):
-        return
-    definition = (get_formula(first.formula).__doc__ or "").strip().splitlines()[0]
-    others = " or ".join(sorted(set(FORMULAS) - {first.formula}))
-    notes = [f"tok/s = {first.formula}: {definition} (--formula {others} for another)"]
-    unlabelled = sum(row.runs for row in rows if isinstance(row, EraRow) and row.group is None)
-    if unlabelled:
-        flag = f"--{args.by} VALUE" if args.by in ("hardware", "model", "kind") else f"--label {args.by}=VALUE"
-        notes.append(
-            f"-: {unlabelled} run{'s' if unlabelled > 1 else ''} without a {args.by} label; "
-            f"label a run with `ledger annotate --run R {flag}`"
-        )
-    for row in rows:
-        if isinstance(row, RunRow) and row.partial and row.tickers_done is not None:
-            notes.append(
-                f"{row.run}: partial, fewer calls than the run it replays; h/100 tickers count "
-                f"{row.tickers_done:.2f} tickers by their calls done"
-            )
-        if isinstance(row, RunRow) and not row.calls - row.failed_calls - row.incomplete_calls:
-            notes.append(f"{row.run}: no completed call: no tok/s, in no mean")
-        if isinstance(row, EraRow) and row.cost is not None:
-            cost, per_m = row.cost, row.cost.per_million_output_tokens
-            per_100 = "-" if cost.per_100_tickers is None else f"{cost.per_100_tickers:,.2f}"
-            notes.append(
-                f"{row.group or '-'}: {per_100} {cost.currency} per 100 tickers, "
-                f"{'-' if per_m is None else f'{per_m:,.2f}'} {cost.currency} per M output tokens "
-                f"(mean of {cost.priced_runs} priced runs)"
-            )
-        if isinstance(row, EraRow) and row.left_out:
-            why = "; ".join(f"{n} with {reason}" for reason, n in sorted(row.left_out.items()))
-            notes.append(
-                f"{row.group or '-'}: {row.runs - row.measured_runs} of {row.runs} runs not in its means ({why})"
-            )
-    for note in notes + more:
-        print(textwrap.fill(note, terminal_width(), subsequent_indent="    "))
 
 
 def rebuild_command(args: argparse.Namespace) -> int:
