@@ -1,7 +1,7 @@
 """The soak's clients: plain and streamed calls, upstream faults asked for per request, trickling and
 disconnecting clients, header lines that never end, calls to encoded or ambiguous spellings of an inference path
-(tests.gateway.spellings, sent byte for byte, each marked `x-soak-spelling` so the relay can say it saw it), and
-tricklers that reconnect whenever cut. Each call leaves a `Call`: what its client saw, and when.
+(tests.gateway.spellings, sent byte for byte), and tricklers that reconnect whenever cut. Each call leaves a `Call`:
+what its client saw, and when; each request carries an `x-soak-call` marker so the relay can say it saw it.
 
 Upstream faults ride on request headers the gateway forwards: `X-Emulator-Fault` (the emulator's own
 switches) and `x-soak-upstream` (tests.soak.relay).
@@ -61,7 +61,7 @@ class Call:
     outcome: Outcome
     began: float  # time.time() at the request
     ended: float
-    spelling: str | None = None  # a spelled call's `x-soak-spelling` marker
+    spelling: str | None = None  # a spelled call's `x-soak-call` marker
 
 
 def reported_usage(body: bytes) -> tuple[int, int] | None:
@@ -99,7 +99,7 @@ class ClientMix:
     async def call(self, http: httpx.AsyncClient, rng: random.Random, n: int) -> Call:
         kind = rng.choices([k for k, _ in _KINDS], [w for _, w in _KINDS])[0]
         began = time.time()
-        headers = {"X-Ledger-Run": RUN}
+        headers = {"X-Ledger-Run": RUN, "x-soak-call": f"call-{n}"}  # the relay notes each call that reaches it
         if kind in ("plain", "stream"):
             body = chat_body(f"soak {n}", max_tokens=rng.randint(1, 150), stream=kind == "stream")
             outcome = await raw_call(http, self.url, body, {**headers, "X-Ledger-Ticker": kind})
@@ -110,7 +110,7 @@ class ClientMix:
         elif kind == "head-bomb":
             outcome = await self._head_bomb()
         elif kind == "spelling":
-            marker = f"spelled-{n}"
+            marker = f"spelled-{n}"  # its own head: `_spelled` sends it as `x-soak-call`
             outcome = await self._spelled(rng, marker)
             return Call(kind=kind, outcome=outcome, began=began, ended=time.time(), spelling=marker)
         elif kind == "reopen-trickle":
@@ -167,7 +167,7 @@ class ClientMix:
         body = chat_body(f"soak {marker} {target.decode()}", max_tokens=rng.randint(1, 40), stream=False)
         head = (
             b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-            b"x-ledger-run: %s\r\nx-ledger-ticker: spelling\r\nx-soak-spelling: %s\r\nconnection: close\r\n\r\n"
+            b"x-ledger-run: %s\r\nx-ledger-ticker: spelling\r\nx-soak-call: %s\r\nconnection: close\r\n\r\n"
         ) % (target, len(body), RUN.encode(), marker.encode())
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", self.port)

@@ -89,14 +89,22 @@ def _resource(kind: str) -> str:
     return "gateway" if kind in ("kill", "pause") else kind
 
 
-def _hold_exclusive_lock(path: Path, seconds: float) -> None:
+def _hold_exclusive_lock(path: Path, seconds: float) -> bool:
+    """False when the lock could not be taken: a full disk (`disk_full` at the same time) keeps a WAL database's
+    lock from another process too, so the gateway meets the full disk, not the lock."""
     conn = sqlite3.connect(path, timeout=60, isolation_level=None)
     try:
-        conn.execute("BEGIN EXCLUSIVE")
+        try:
+            conn.execute("BEGIN EXCLUSIVE")
+        except sqlite3.OperationalError as exc:
+            if "disk I/O error" in str(exc) or "full" in str(exc):
+                return False
+            raise
         time.sleep(seconds)
         conn.execute("ROLLBACK")
     finally:
         conn.close()
+    return True
 
 
 class Breaker:
@@ -207,7 +215,8 @@ class Breaker:
 
     async def _db_lock(self) -> None:
         assert self.sqlite_file is not None
-        await asyncio.to_thread(_hold_exclusive_lock, self.sqlite_file, self.rng.uniform(0.5, 6))
+        if not await asyncio.to_thread(_hold_exclusive_lock, self.sqlite_file, self.rng.uniform(0.5, 6)):
+            self.injected["db_lock_met_a_full_disk"] += 1
 
     async def _disk_full(self) -> None:
         filler = self.disk / "filler"

@@ -7,11 +7,11 @@
   client left waiting past its read timeout (the soak adds projections or a spool that never catch up);
 - tokens: a 200's reported usage equals the ledger's (`reported`), and the upstream's own count for
   that request (the emulator's `/emulator/requests`);
-- unrecorded at the upstream: a spelled call (an encoded or ambiguous inference path) that the relay saw and the
-  emulator answered as an inference API (not 307, 404 or 405) has a `call.started` (or its answer was withheld:
-  503 `ledger_unavailable`, its start durable nowhere): checked per call when its client got an answer, and in
-  number (calls ticked `spelling` in the ledger) whatever the client saw; one the gateway refused with 400
-  `non_canonical_path` never reached the relay.
+- unrecorded at the upstream: every call that reached the relay (its `x-soak-call` marker) has a `call.started`
+  holding that marker, whatever its client saw (strict durability: the start is durable before the request goes
+  upstream, so a 503 `ledger_unavailable` never reached it); for a spelled call (an encoded or ambiguous inference
+  path) only when the emulator answered it as an inference API (not 307, 404 or 405); one the gateway refused with
+  400 `non_canonical_path` never reached the relay.
 """
 
 from __future__ import annotations
@@ -141,7 +141,8 @@ async def judge(
         if "Timeout" in (c.outcome.error or "").split(":")[0]
     ]
 
-    spelled = _spelled(calls, scan, relayed, context, verdict)
+    spelled = _spelled(calls, scan, relayed, verdict)
+    reached_upstream = _unrecorded_at_upstream(scan, relayed, verdict)
 
     client_tokens = [0, 0]
     for call in whole:
@@ -177,6 +178,7 @@ async def judge(
         "calls_by_kind": dict(sorted(Counter(c.kind for c in calls).items())),
         "whole_200": len(whole),
         "spelled": spelled,
+        "reached_upstream_all_recorded": reached_upstream,
         "client_errors": sum(1 for c in calls if c.outcome.error),
         "ledger": {
             "events": scan.events,
@@ -201,46 +203,34 @@ async def judge(
 _NOT_ROUTED = (307, 404, 405)  # the upstream's answers to a path it does not route to an inference API
 
 
-def _spelled(
-    calls: list[Call], scan: LedgerScan, relayed: dict[str, int], context: Callable[[Call], str], verdict: Verdict
-) -> dict[str, int]:
-    """Spelled calls: recorded, or refused before the upstream, or no inference call at the upstream."""
+def _unrecorded_at_upstream(scan: LedgerScan, relayed: dict[str, int], verdict: Verdict) -> int:
+    """Every call the relay saw (an inference API at the emulator, for a spelling) is in the ledger: its count."""
+    markers = {v for s in scan.started.values() for n, v in s.request_headers if n.lower() == "x-soak-call"}
+    reached = [m for m, status in relayed.items() if not (m.startswith("spelled-") and status in _NOT_ROUTED)]
+    verdict.lost += [
+        f"{m} reached the upstream, the ledger has no call.started for it" for m in reached if m not in markers
+    ]
+    return len(reached)
+
+
+def _spelled(calls: list[Call], scan: LedgerScan, relayed: dict[str, int], verdict: Verdict) -> dict[str, int]:
+    """What became of the spelled calls: recorded, refused before the upstream, or no inference call there."""
     figures: Counter[str] = Counter()
-    withheld = 0
     for call in calls:
         if call.spelling is None:
             continue
         o = call.outcome
         upstream = relayed.get(call.spelling)
-        recorded = o.call_id is not None and o.call_id in scan.started
         refused = o.status == 400 and b'"non_canonical_path"' in o.body
-        # strict, and its start durable nowhere (a full disk): the gateway withheld the upstream's answer (503, no
-        # call id); it may have reached the upstream, by design (docs/RELIABILITY.md, randomized fault soak)
-        unrecordable = o.status == 503 and b'"ledger_unavailable"' in o.body
-        if unrecordable and upstream is not None and upstream not in _NOT_ROUTED:
-            withheld += 1
         if refused and upstream is not None:
-            verdict.lost.append(f"refused 400 after it reached the upstream: {context(call)}")
-        if (
-            upstream is not None
-            and upstream not in _NOT_ROUTED
-            and o.status is not None
-            and not (recorded or unrecordable)
-        ):
-            verdict.lost.append(f"the upstream answered {upstream}, the ledger has no call: {context(call)}")
+            verdict.lost.append(f"{call.spelling}: refused 400 after it reached the upstream")
         figures[
             "recorded"
-            if recorded
+            if o.call_id is not None and o.call_id in scan.started
             else "refused_400"
             if refused
-            else "withheld_503_unrecordable"
-            if unrecordable
             else "not_an_inference_path"
             if upstream in _NOT_ROUTED
             else "other"  # no answer (a kill), or a 503 while the ledger was down
         ] += 1
-    inference = sum(1 for status in relayed.values() if status not in _NOT_ROUTED)
-    ticked = sum(1 for s in scan.started.values() if s.tags.get("ticker") == "spelling")
-    if inference - withheld > ticked:
-        verdict.lost.append(f"{inference} spelled calls reached the upstream as inference calls, {ticked} recorded")
     return dict(sorted(figures.items()))

@@ -11,9 +11,10 @@ a request carrying `x-soak-upstream: <fault>` (the gateway forwards it like any 
     endless-head   a status line, then one header line that never ends, until the gateway closes (or 64 MiB)
 
 Every other request is relayed with `Connection: close` added, so each request has its own
-connection and a fault never lands on a pooled one by chance. A request marked `x-soak-spelling: <marker>`
-is noted in `spelled` with the status the emulator answered (0 until its first byte): a call that reached the
-upstream (tests.soak.invariants).
+connection and a fault never lands on a pooled one by chance. A request marked `x-soak-call: <marker>` (every
+client call is) is noted in `reached` with the status the emulator answered (0 until its first byte, or when the
+relay answered it with a fault): a call that reached the upstream, which must be in the ledger
+(tests.soak.invariants).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class UpstreamRelay:
         self.target_port = target_port
         self.rng = random.Random(seed)
         self.injected: Counter[str] = Counter()
-        self.spelled: dict[str, int] = {}
+        self.reached: dict[str, int] = {}
         self.port = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -93,10 +94,10 @@ class UpstreamRelay:
         self._handlers.add(handler)
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            fault, spelled = (_header(head, name) for name in (b"x-soak-upstream:", b"x-soak-spelling:"))
-            if spelled:
-                self.spelled[spelled] = 0
-            await self._answer(fault, head, reader, writer, spelled)
+            fault, marker = (_header(head, name) for name in (b"x-soak-upstream:", b"x-soak-call:"))
+            if marker:
+                self.reached[marker] = 0
+            await self._answer(fault, head, reader, writer, marker)
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, TimeoutError):
             pass
         except asyncio.CancelledError:
@@ -106,7 +107,7 @@ class UpstreamRelay:
             writer.close()
 
     async def _answer(
-        self, fault: str, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, spelled: str
+        self, fault: str, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, marker: str
     ) -> None:
         if fault:
             self.injected[fault] += 1
@@ -131,9 +132,7 @@ class UpstreamRelay:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
         else:
-            await self._relay(
-                head, reader, writer, self.rng.randint(200, 800) if fault == "hang-mid" else None, spelled
-            )
+            await self._relay(head, reader, writer, self.rng.randint(200, 800) if fault == "hang-mid" else None, marker)
 
     async def _relay(
         self,
@@ -141,17 +140,17 @@ class UpstreamRelay:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         hang_after: int | None,
-        spelled: str,
+        marker: str,
     ) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         try:
             up_writer.write(_close_head(head))
             upload = asyncio.create_task(_pipe(reader, up_writer))
             try:
-                if spelled:  # the emulator's status: did it route the spelling to an inference API?
+                if marker:  # the emulator's status: did it route the path to an inference API?
                     first = await up_reader.readuntil(b"\r\n")
                     status = first.split(b" ", 2)[1] if first.startswith(b"HTTP/1.") else b""
-                    self.spelled[spelled] = int(status) if status.isdigit() else 0
+                    self.reached[marker] = int(status) if status.isdigit() else 0
                     writer.write(first)
                 await _pipe(up_reader, writer, hang_after)
                 if hang_after is not None:

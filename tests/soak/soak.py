@@ -108,7 +108,7 @@ async def soak(config: SoakConfig) -> dict[str, object]:
         url = f"http://127.0.0.1:{port}"
         try:
             summary = await _drive(
-                config, rng, runner, disk, cluster, db_url, url, emulator_url, checkpoints, work, relay.spelled
+                config, rng, runner, disk, cluster, db_url, url, emulator_url, checkpoints, work, relay.reached
             )
         finally:
             await relay.close()

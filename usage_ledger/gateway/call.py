@@ -1,7 +1,8 @@
 """One proxied request, from its body to its final event: forwarded, observed, recorded.
 
-A request to an inference API (`gateway.paths.call_path`) is a call: `call.started` before
-any response byte, `call.finished` / `call.failed` before the last bytes (strict durability).
+A request to an inference API (`gateway.paths.call_path`) is a call. With strict durability its
+`call.started` is durable before the request goes upstream, and `call.finished` / `call.failed`
+before the response's last bytes; with async both are submitted and not awaited.
 Any other request (`GET /v1/models`, `/health`, `/metrics`, …) takes the same path and is not
 recorded: it is no call in a run or a day. The events, log line and metrics are `gateway.call_record`'s;
 this module runs the call (upstream request, relay, the client's answer).
@@ -114,6 +115,8 @@ class Call(CallRecord):
         assert task is not None
         response: UpstreamResponse | None = None
         try:
+            if self.recorded and self.recorder.strict and not await self._start_durably(client):
+                return
             try:
                 response = await self.proxy.upstream.send(
                     self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
@@ -158,11 +161,6 @@ class Call(CallRecord):
         self.started()
         self.status = exc.status
         durable = await self._failed(phase, reason, exc.message, wait=True)
-        if durable and self.started_durable is not None:
-            try:
-                await self.recorder.until_durable(self.started_durable)
-            except NotRecorded:
-                durable = False
         self.done = True
         if isinstance(exc, UpstreamInvalid):
             client.keep_alive = False  # what followed a response that cannot be relayed is never read as one
@@ -188,13 +186,7 @@ class Call(CallRecord):
         if self.recorded:  # the call id is the gateway's: an upstream's own one never reaches the client
             out_headers = [header for header in out_headers if header[0] != CALL_ID_HEADER]
             out_headers.append(self.id_header)
-        self.started()
-        if self.started_durable is not None:
-            try:
-                await self.recorder.until_durable(self.started_durable)  # strict: no response before call.started
-            except NotRecorded:
-                await self._refuse_unrecorded(response, client)
-                return
+        self.started()  # async durability: submitted now at the latest (strict: durable before forwarding)
         client.start_now(response.status, out_headers)
         try:
             push, feed = client.push, relay.feed
@@ -233,12 +225,18 @@ class Call(CallRecord):
         client.end_now(tail)
         self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
-    async def _refuse_unrecorded(self, response: UpstreamResponse, client: Exchange) -> None:
-        """Strict, and the call's start is durable nowhere: cancel the upstream request and answer 503 before
-        any byte of its response, counted in the metrics (the writer's health says why)."""
-        await _close_quietly(response)
-        self.done = True
-        await self._answer_unrecorded(client)
+    async def _start_durably(self, client: Exchange) -> bool:
+        """Strict: make `call.started` durable (database or spool) before the upstream sees the request, so no
+        call reaches the server without its record. False when it is durable nowhere: answered 503 instead."""
+        self.started()
+        assert self.started_durable is not None
+        try:
+            await self.recorder.until_durable(self.started_durable)
+        except NotRecorded:
+            self.done = True
+            await self._answer_unrecorded(client)
+            return False
+        return True
 
     async def _answer_unrecorded(self, client: Exchange) -> None:
         """503 `ledger_unavailable`, with no call id: the ledger cannot hold this call now."""

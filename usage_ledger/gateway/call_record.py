@@ -2,7 +2,7 @@
 
 `CallRecord` is the recording half of `gateway.call.Call` (which sets this state and runs the call):
 
-    started    `call.started`, submitted once, before any response byte
+    started    `call.started`, submitted once (strict: durable before the request goes upstream)
     _finished  `call.finished` (or `call.failed` for an error inside the stream), before the last bytes
     _failed    `call.failed`, whatever phase the call failed in
     _report    the canonical log line and the latency metrics
@@ -84,8 +84,8 @@ class CallRecord:
     started_durable: asyncio.Future[Durable] | None
 
     def started(self) -> None:
-        """Submit `call.started` (once): right after the request went upstream, so building the event
-        overlaps the upstream's work; before any response byte or final event in any case."""
+        """Submit `call.started` (once): strict, before the request goes upstream (`Call` awaits it); async,
+        right after, so building the event overlaps the upstream's work."""
         if self.started_durable is not None or not self.recorded:
             return
         digest = self.recorder.digest(self.body) if self.body else None

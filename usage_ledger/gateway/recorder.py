@@ -1,17 +1,17 @@
 """Turning a proxied call into ledger events, and honouring the durability setting.
 
-`call.started` is submitted (not awaited) once the request body is complete; the final event
-(`call.finished` / `call.failed`) is submitted with the response body and the chunk gaps as blobs,
-in the same submission (one transaction, or one spool record). With strict
-durability the proxy awaits `call.started` (`until_durable`) before sending the response headers,
-so a call whose response began reaching the client survives a crash as started-not-finished, and
-awaits `finish()` before releasing the response's last bytes; with async it does not wait. Group
-commit in the `EventWriter` batches concurrent calls into one transaction.
+`call.started` is submitted once the request body is complete; the final event (`call.finished` /
+`call.failed`) is submitted with the response body and the chunk gaps as blobs, in the same submission
+(one transaction, or one spool record). With strict durability the proxy awaits `call.started`
+(`until_durable`) before it forwards the request, so no call reaches the upstream without its record and
+a call cut by a crash survives as started-not-finished; it awaits `finish()` before releasing the
+response's last bytes. With async it waits for neither (`call.started` goes out once the request did).
+Group commit in the `EventWriter` batches concurrent calls into one transaction.
 
 When strict and `call.started` cannot be made durable anywhere (database and spool both fail, e.g. one
-full disk), `until_durable` raises `NotRecorded`: no byte of the response has gone out, so the proxy cancels
-the upstream request and answers 503 `ledger_unavailable`. When the final event cannot be, `finish()` raises
-it: the call must not end as if it were recorded, so the proxy drops the connection before the last bytes
+full disk), `until_durable` raises `NotRecorded`: nothing was forwarded, and the proxy answers 503
+`ledger_unavailable`. When the final event cannot be, `finish()` raises it: the call must not end as if
+it were recorded, so the proxy drops the connection before the last bytes
 (docs/operations.md).
 """
 
