@@ -65,4 +65,5 @@ async def test_randomized_faults_lose_duplicate_and_strand_nothing(backend: str,
     assert _ENVIRONMENT[backend] | _REQUESTS <= set(faults), faults
     spelled: dict[str, int] = summary["spelled"]  # type: ignore[assignment]
     assert spelled.get("recorded", 0) > 0 and spelled.get("refused_400", 0) > 0, spelled  # both ways were taken
+    assert summary["reached_upstream_all_recorded"] > 100, summary  # the relay saw the calls' markers  # type: ignore[operator]
     assert summary["whole_200"] > 100, summary  # the load went on through the faults  # type: ignore[operator]
