@@ -1,5 +1,5 @@
 """Imports flow one way: gateway → ledger, projections → ledger, answers → projections, imports → answers, replay →
-gateway and answers, ui and otel → answers; emulator imports nothing of ours.
+gateway and answers, ui → answers, otel → answers and gateway; emulator imports nothing of ours.
 
 Between packages, only faces: a module outside a package imports what the package's `__init__` exports
 (`from usage_ledger.ledger import Database`), never one of its inner modules (two exceptions: the tables of
@@ -32,7 +32,8 @@ ALLOWED = {
         "projections",
         "answers",
     },  # the dashboard reads read models; `cli` hands its routers to the gateway
-    "otel": {"ledger", "projections", "answers"},  # exports committed events by the read model's rules; `cli` starts it
+    # exports committed calls by the read model's fold, names their endpoints as the gateway routes them; `cli` starts it
+    "otel": {"ledger", "gateway", "projections", "answers"},
 }
 
 

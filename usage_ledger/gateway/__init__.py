@@ -44,6 +44,7 @@ from usage_ledger.gateway.errors import (
 )
 from usage_ledger.gateway.headers import MAX_HEADER_VALUE
 from usage_ledger.gateway.metrics import Metrics
+from usage_ledger.gateway.paths import call_path
 from usage_ledger.gateway.retention import EraseOlder, RetentionPass
 from usage_ledger.gateway.secrets import is_secret_name
 from usage_ledger.gateway.serve import Background, bind_socket, gateway_app, listening, serve, serve_asgi
@@ -70,6 +71,7 @@ __all__ = (
     "UpstreamTimeout",
     "UpstreamUnreachable",
     "bind_socket",
+    "call_path",
     "create_app",
     "gateway_app",
     "is_secret_name",

@@ -1,6 +1,8 @@
-"""Committed calls as export records: a call's start paired with its end, and its GenAI attributes.
+"""A call's span, from its row of the calls read model: the fold's row is the call, here as in every report.
 
-Pure (no SDK): what a span says is decided here, how it is sent is `export`'s business.
+Pure (no SDK): what a span says is decided here, how it is sent is `export`'s business. The row holds
+every value a span reports but two identifiers, which come from the call's events: the endpoint called
+(`call.started.path`, named as the gateway routes it) and the upstream's response id.
 """
 
 from __future__ import annotations
@@ -10,12 +12,14 @@ from datetime import datetime
 
 import msgspec
 
-from usage_ledger.ledger import CallFailed, CallFinished, CallImported, CallStarted
-from usage_ledger.projections import IMPLAUSIBLE, ended_at, finished_status, plausible_tokens
+from usage_ledger.gateway import GatewayError, call_path
+from usage_ledger.projections import FAILED_STATUSES, NO_USAGE, CallRow
 
-__all__ = ("ExportedCall", "call_from_events", "call_from_import", "operation_of", "response_model", "trace_ids")
+__all__ = ("ExportedCall", "call_from_row", "operation_of", "response_model", "trace_ids")
 
 AttributeValue = str | int | float | bool | list[str]
+
+_tags_decoder = msgspec.json.Decoder(dict[str, str])
 
 
 class ExportedCall(msgspec.Struct, frozen=True, kw_only=True):
@@ -23,25 +27,30 @@ class ExportedCall(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     start: datetime
     end: datetime
-    failed: bool
-    error: str
+    error: str | None
+    """The ERROR status' description; None for a call that did not fail."""
     attributes: dict[str, AttributeValue]
     operation: str
     model: str
-    input_tokens: int | None
-    output_tokens: int | None
+    tokens: tuple[int, int] | None
+    """(input, output) as the row counts them; None for a call without usage."""
     ttft_s: float | None
 
 
 def operation_of(path: str) -> str:
-    """`gen_ai.operation.name` from the endpoint called."""
-    if path.endswith("/chat/completions"):
+    """`gen_ai.operation.name` from the endpoint called, read as the upstream routes it (`/v1/chat/%63ompletions`
+    is a chat, `gateway.call_path`); a path recorded before the gateway refused ambiguous spellings, as it is."""
+    try:
+        routed = call_path("POST", path) or path
+    except GatewayError:
+        routed = path
+    if routed.endswith("/chat/completions"):
         return "chat"
-    if path.endswith("/completions"):
+    if routed.endswith("/completions"):
         return "text_completion"
-    if path.endswith("/embeddings"):
+    if routed.endswith("/embeddings"):
         return "embeddings"
-    return path.rsplit("/", 1)[-1] or "unknown"
+    return routed.rsplit("/", 1)[-1] or "unknown"
 
 
 class _Model(msgspec.Struct):
@@ -83,97 +92,55 @@ def trace_ids(call_id: str) -> tuple[int, int]:
     return int.from_bytes(digest[:16], "big") or 1, int.from_bytes(digest[16:24], "big") or 1
 
 
-def _common(call_id: str, run: str | None, tags: dict[str, str]) -> dict[str, AttributeValue]:
-    attributes: dict[str, AttributeValue] = {"usage_ledger.call_id": call_id}
-    if run is not None:
-        attributes["usage_ledger.run"] = run
-    for name, value in sorted(tags.items()):
-        attributes[f"usage_ledger.tag.{name}"] = value
-    return attributes
+def _error(row: CallRow) -> str | None:
+    if row.status not in FAILED_STATUSES:
+        return None
+    if row.failure_reason is not None:
+        return row.failure_reason
+    return f"HTTP {row.http_status}" if row.http_status is not None else f"status {row.status}"
 
 
-def _usage_attributes(attributes: dict[str, AttributeValue], tokens_in: int | None, tokens_out: int | None) -> None:
-    """The GenAI token attributes: plausible counts only (`ledger.counts`; an OTLP int is 64-bit)."""
-    if tokens_in is not None:
-        attributes["gen_ai.usage.input_tokens"] = tokens_in
-    if tokens_out is not None:
-        attributes["gen_ai.usage.output_tokens"] = tokens_out
-
-
-def call_from_events(
-    started: CallStarted, ended: CallFinished | CallFailed, answered_model: str | None = None
+def call_from_row(
+    row: CallRow, path: str | None, response_id: str | None = None, answered_model: str | None = None
 ) -> ExportedCall:
-    """`answered_model`: `response_model` of the stored response (None: no body, redacted, or none named)."""
-    operation = operation_of(started.path)
-    model = started.model or ""
+    """The span of an ended call's row. `path`: its `call.started.path` (None for an import, a chat call in
+    practice); `response_id`: the upstream's request id of its end; `answered_model`: `response_model` of its
+    stored response (None: no body, redacted, or none named)."""
+    operation = "chat" if path is None else operation_of(path)
+    tokens = None if row.usage_source == NO_USAGE else (row.input_tokens, row.output_tokens)
     attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": operation}
-    if started.model:
-        attributes["gen_ai.request.model"] = started.model
+    if row.model:
+        attributes["gen_ai.request.model"] = row.model
     if answered_model:
         attributes["gen_ai.response.model"] = answered_model
-    usage = ended.usage
-    tokens_in = plausible_tokens("prompt_tokens", usage.prompt_tokens) if usage else None
-    tokens_out = plausible_tokens("completion_tokens", usage.completion_tokens) if usage else None
-    _usage_attributes(attributes, tokens_in, tokens_out)
-    implausible = usage is not None and (tokens_in is None or tokens_out is None)
-    attributes["usage_ledger.usage_source"] = IMPLAUSIBLE if implausible else ended.usage_source
-    attributes.update(_common(started.call_id, started.run, started.tags))
-    timings = ended.timings
-    end = ended_at(timings.finished, timings.last_token, timings.upstream_headers, timings.received)
-    ttft = None
-    if started.stream and timings.first_token is not None:
-        ttft = (timings.first_token - started.received_at).total_seconds()
-    if isinstance(ended, CallFinished):
-        if ended.finish_reasons:
-            attributes["gen_ai.response.finish_reasons"] = list(ended.finish_reasons)
-        if ended.upstream_request_id:
-            attributes["gen_ai.response.id"] = ended.upstream_request_id
-        attributes["http.response.status_code"] = ended.status
-        failed = finished_status(ended.status) != "ok"  # the calls read model's rule
-        error = f"HTTP {ended.status}" if failed else ""
-    else:
-        failed = True
-        error = f"{ended.phase}: {ended.reason}"
-        attributes["error.type"] = ended.reason
+    if tokens is not None:
+        attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"] = tokens
+    attributes["usage_ledger.usage_source"] = row.usage_source
+    if row.finish_reason is not None:
+        attributes["gen_ai.response.finish_reasons"] = [row.finish_reason]
+    if response_id:
+        attributes["gen_ai.response.id"] = response_id
+    if row.http_status is not None:
+        attributes["http.response.status_code"] = row.http_status
+    if row.failure_reason is not None:
+        attributes["error.type"] = row.failure_reason
+    if row.source is not None:
+        attributes["usage_ledger.import_source"] = row.source
+    attributes["usage_ledger.call_id"] = row.call_id
+    if row.run is not None:
+        attributes["usage_ledger.run"] = row.run
+    for name, value in sorted(_tags_decoder.decode(row.tags).items()):
+        attributes[f"usage_ledger.tag.{name}"] = value
+    assert row.ended_at is not None, "an ended call's row has its end"
     return ExportedCall(
-        call_id=started.call_id,
-        name=f"{operation} {model}".strip(),
-        start=started.received_at,
-        end=max(end, started.received_at),
-        failed=failed,
-        error=error,
+        call_id=row.call_id,
+        name=f"{operation} {row.model or ''}".strip(),
+        start=row.started_at,
+        end=max(row.ended_at, row.started_at),  # a span never ends before it starts (a clock stepped back)
+        error=_error(row),
         attributes=attributes,
         operation=operation,
-        model=model,
-        input_tokens=tokens_in,
-        output_tokens=tokens_out,
-        ttft_s=ttft,
-    )
-
-
-def call_from_import(imported: CallImported) -> ExportedCall:
-    """An imported call: the importer knows no endpoint; these are chat calls in practice."""
-    tokens_in = plausible_tokens("input_tokens", imported.input_tokens)
-    tokens_out = plausible_tokens("output_tokens", imported.output_tokens)
-    attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": "chat"}
-    _usage_attributes(attributes, tokens_in, tokens_out)
-    attributes["usage_ledger.import_source"] = imported.source
-    if tokens_in is None or tokens_out is None:
-        attributes["usage_ledger.usage_source"] = IMPLAUSIBLE
-    if imported.model:
-        attributes["gen_ai.request.model"] = imported.model
-    attributes.update(_common(imported.call_id, imported.run, imported.tags))
-    return ExportedCall(
-        call_id=imported.call_id,
-        name=f"chat {imported.model or ''}".strip(),
-        start=imported.started_at,
-        end=max(imported.finished_at, imported.started_at),
-        failed=imported.status == "error",
-        error="imported with status error" if imported.status == "error" else "",
-        attributes=attributes,
-        operation="chat",
-        model=imported.model or "",
-        input_tokens=tokens_in,
-        output_tokens=tokens_out,
-        ttft_s=imported.ttft_s,
+        model=row.model or "",
+        tokens=tokens,
+        ttft_s=row.ttft_s,
     )

@@ -1,7 +1,8 @@
 """Sending committed calls to an OTLP/HTTP receiver, from a durable checkpoint.
 
     events after checkpoint ──► call.finished / call.failed / call.imported
-                                   + its call.started (looked up by stream) ──► spans + histograms
+                                   + the call's events before it (by stream) ──► the calls read model's fold
+                                ──► its row ──► spans + histograms (`calls.call_from_row`)
                                 ──► exporter reports success ──► checkpoint := last position read
 
 At least once: the checkpoint (a row `otel.export` in `ledger_checkpoints`, beside the projections')
@@ -24,9 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import (
     BlobNotFound,
-    CallFailed,
     CallFinished,
-    CallImported,
     CallStarted,
     Database,
     LedgerError,
@@ -37,13 +36,16 @@ from usage_ledger.ledger import (
     utc_now,
 )
 from usage_ledger.ledger.schema import checkpoints, events
-from usage_ledger.otel.calls import ExportedCall, call_from_events, call_from_import, response_model, trace_ids
+from usage_ledger.otel.calls import ExportedCall, call_from_row, response_model, trace_ids
 from usage_ledger.otel.errors import ExportFailed, OtelMissing
+from usage_ledger.projections import CallRow, decode_calls, fold_calls
 
 __all__ = ("CHECKPOINT_NAME", "Exporters", "export_once", "follow_export", "open_exporters", "read_export_checkpoint")
 
 CHECKPOINT_NAME = "otel.export"
 _ENDS = ("call.finished", "call.failed", "call.imported")
+_Event = tuple[int, str, str]
+"""(position, type, payload): an event as the fold reads it."""
 log = structlog.get_logger("usage_ledger.otel")
 
 
@@ -109,7 +111,7 @@ def _span(call: ExportedCall, resource: Any) -> Any:
         resource=resource,
         attributes=call.attributes,
         kind=SpanKind.CLIENT,
-        status=Status(StatusCode.ERROR, call.error) if call.failed else Status(StatusCode.UNSET),
+        status=Status(StatusCode.UNSET) if call.error is None else Status(StatusCode.ERROR, call.error),
         start_time=_ns(call.start),
         end_time=_ns(call.end),
         instrumentation_scope=InstrumentationScope("usage_ledger"),
@@ -118,10 +120,9 @@ def _span(call: ExportedCall, resource: Any) -> Any:
 
 def _record_metrics(exporters: Exporters, call: ExportedCall) -> None:
     base = {"gen_ai.operation.name": call.operation, "gen_ai.request.model": call.model}
-    if call.input_tokens is not None:
-        exporters.token_usage.record(call.input_tokens, {**base, "gen_ai.token.type": "input"})
-    if call.output_tokens is not None:
-        exporters.token_usage.record(call.output_tokens, {**base, "gen_ai.token.type": "output"})
+    if call.tokens is not None:
+        exporters.token_usage.record(call.tokens[0], {**base, "gen_ai.token.type": "input"})
+        exporters.token_usage.record(call.tokens[1], {**base, "gen_ai.token.type": "output"})
     if call.ttft_s is not None:
         exporters.ttft.record(call.ttft_s, base)
 
@@ -146,34 +147,38 @@ async def _write_checkpoint(database: Database, position: int) -> None:
         )
 
 
-async def _starts(conn: AsyncConnection, streams: Sequence[str]) -> dict[str, CallStarted]:
-    """The `call.started` of each stream (a call's start may be in an earlier page)."""
-    if not streams:
-        return {}
+async def _call_events(conn: AsyncConnection, streams: Sequence[str], until: int) -> dict[str, list[_Event]]:
+    """Each stream's events up to position `until`, in position order (a call's start may be in an earlier page)."""
     rows = await conn.execute(
-        select(events.c.stream, events.c.payload).where(events.c.stream.in_(streams), events.c.type == "call.started")
+        select(events.c.stream, events.c.position, events.c.type, events.c.payload)
+        .where(events.c.stream.in_(streams), events.c.position <= until)
+        .order_by(events.c.position)
     )
-    out: dict[str, CallStarted] = {}
-    for stream, payload in rows:
-        body = decode_event(payload)
-        if isinstance(body, CallStarted):
-            out[stream] = body
+    out: dict[str, list[_Event]] = {}
+    for stream, position, type_, payload in rows:
+        out.setdefault(stream, []).append((position, type_, payload))
     return out
 
 
-_End = CallFinished | CallFailed | CallImported
+def _ended(history: Sequence[_Event], end: StoredEvent) -> tuple[CallRow, str | None, str | None] | None:
+    """(row, path, response id) of the call `end` ends: its events up to `end` run through the read model's fold."""
+    seen = [event for event in history if event[0] <= end.position]
+    row = next(r for r in fold_calls(decode_calls(seen)[0], {}, 0) if r.last_position == end.position)
+    if row.origin == "import":
+        return row, None, None
+    started = [decode_event(payload) for _, type_, payload in seen if type_ == "call.started"]
+    if not started or not isinstance(started[-1], CallStarted):
+        log.warning("otel_call_without_start", call_id=row.call_id)  # no endpoint to name the span by
+        return None
+    body = end.body()
+    return row, started[-1].path, body.upstream_request_id if isinstance(body, CallFinished) else None
 
 
-def _ends(page: Sequence[StoredEvent]) -> list[tuple[str, _End]]:
-    """(stream, body) of the page's calls that ended, each payload decoded once."""
-    return [(e.stream, body) for e in page if e.type in _ENDS and isinstance(body := e.body(), _End)]
-
-
-async def _answered_models(conn: AsyncConnection, ends: Sequence[tuple[str, _End]]) -> dict[str, str | None]:
-    """Per response blob of the finished calls, the model it names (one read per distinct blob)."""
+async def _answered_models(conn: AsyncConnection, rows: Sequence[CallRow]) -> dict[str, str | None]:
+    """Per response blob of the calls, the model it names (one read per distinct blob)."""
     found: dict[str, str | None] = {}
-    for _, body in ends:
-        digest = body.response_blob if isinstance(body, CallFinished) else None
+    for row in rows:
+        digest = row.response_blob
         if digest is not None and digest not in found:
             try:
                 found[digest] = response_model(await read_blob(conn, digest))
@@ -182,21 +187,15 @@ async def _answered_models(conn: AsyncConnection, ends: Sequence[tuple[str, _End
     return found
 
 
-def _calls(
-    ends: Sequence[tuple[str, _End]], starts: dict[str, CallStarted], models: dict[str, str | None]
-) -> list[ExportedCall]:
-    out: list[ExportedCall] = []
-    for stream, body in ends:
-        if isinstance(body, CallImported):
-            out.append(call_from_import(body))
-        else:
-            started = starts.get(stream)
-            if started is None:
-                log.warning("otel_call_without_start", call_id=body.call_id)
-                continue
-            answered = models.get(body.response_blob or "") if isinstance(body, CallFinished) else None
-            out.append(call_from_events(started, body, answered))
-    return out
+async def _calls(conn: AsyncConnection, page: Sequence[StoredEvent]) -> list[ExportedCall]:
+    """The spans of the calls the page ends, in the order of their ends."""
+    ends = [e for e in page if e.type in _ENDS]
+    if not ends:
+        return []
+    histories = await _call_events(conn, sorted({e.stream for e in ends}), ends[-1].position)
+    ended = [found for end in ends if (found := _ended(histories[end.stream], end)) is not None]
+    models = await _answered_models(conn, [row for row, _, _ in ended])
+    return [call_from_row(row, path, rid, models.get(row.response_blob or "")) for row, path, rid in ended]
 
 
 async def export_once(database: Database, exporters: Exporters, *, page_size: int = 500) -> int:
@@ -210,12 +209,9 @@ async def export_once(database: Database, exporters: Exporters, *, page_size: in
     while True:
         async with database.engine.connect() as conn:
             page = await read_events(conn, position, page_size)
-            ends = _ends(page)
-            starts = await _starts(conn, sorted({s for s, body in ends if not isinstance(body, CallImported)}))
-            models = await _answered_models(conn, ends)
+            calls = await _calls(conn, page)
         if not page:
             return position
-        calls = _calls(ends, starts, models)
         if calls:
             # The SDK's exporter blocks (requests, retries): off the event loop.
             result = await asyncio.to_thread(

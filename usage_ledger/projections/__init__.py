@@ -13,16 +13,14 @@ models against the events folded again (`ledger verify --read-models`).
 from __future__ import annotations
 
 from usage_ledger.projections.annotations import REPLAY_LABEL, labels_for_run, load_annotations
+from usage_ledger.projections.call_fold import CallRow, decode_calls, fold_calls
 from usage_ledger.projections.call_rules import (
     CALL_STATUSES,
     FAILED_STATUSES,
-    IMPLAUSIBLE,
     NO_END_STATUS,
+    NO_USAGE,
     TRUNCATED_REASONS,
     decode_rate_note,
-    ended_at,
-    finished_status,
-    plausible_tokens,
 )
 from usage_ledger.projections.cost import (
     CURRENCY_LABEL,
@@ -73,12 +71,13 @@ __all__ = (
     "CURRENCY_LABEL",
     "FAILED_STATUSES",
     "FORMULAS",
-    "IMPLAUSIBLE",
     "NO_END_STATUS",
+    "NO_USAGE",
     "PRICE_LABEL",
     "PROJECTIONS",
     "REPLAY_LABEL",
     "TRUNCATED_REASONS",
+    "CallRow",
     "CallView",
     "CallsPage",
     "CallsPerTicker",
@@ -103,9 +102,9 @@ __all__ = (
     "WeekdayRow",
     "catch_up_all",
     "cost_means",
+    "decode_calls",
     "decode_rate_note",
-    "ended_at",
-    "finished_status",
+    "fold_calls",
     "follow_projections",
     "get_formula",
     "labels_for_run",
@@ -114,7 +113,6 @@ __all__ = (
     "load_samples",
     "parse_as_of",
     "parse_price",
-    "plausible_tokens",
     "projection_named",
     "projection_status",
     "projection_text",

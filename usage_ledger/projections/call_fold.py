@@ -9,7 +9,8 @@ A token count outside the plausibility rule (`ledger.counts`) is 0 in the row (`
 the row's `usage_source` says `implausible`, whatever the event says: ledgers recorded before the rule heal
 on rebuild, and no sum over the rows can overflow.
 
-This is the only definition of a call's row: the follower and a rebuild both run it (`engine.catch_up`).
+This is the only definition of a call's row: the follower and a rebuild run it (`engine.catch_up`), and the
+OpenTelemetry export runs it on each ended call's events.
 The rules each value follows are `call_rules`' plain functions, which the readers call too. Client text
 goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
 """
