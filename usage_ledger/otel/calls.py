@@ -15,7 +15,7 @@ import msgspec
 from usage_ledger.gateway import GatewayError, call_path
 from usage_ledger.projections import FAILED_STATUSES, NO_USAGE, CallRow
 
-__all__ = ("ExportedCall", "call_from_row", "operation_of", "response_model", "trace_ids")
+__all__ = ("ExportedCall", "call_from_row", "response_model", "trace_ids")
 
 AttributeValue = str | int | float | bool | list[str]
 
@@ -37,7 +37,7 @@ class ExportedCall(msgspec.Struct, frozen=True, kw_only=True):
     ttft_s: float | None
 
 
-def operation_of(path: str) -> str:
+def _operation_of(path: str) -> str:
     """`gen_ai.operation.name` from the endpoint called, read as the upstream routes it (`/v1/chat/%63ompletions`
     is a chat, `gateway.call_path`); a path recorded before the gateway refused ambiguous spellings, as it is."""
     try:
@@ -106,7 +106,7 @@ def call_from_row(
     """The span of an ended call's row. `path`: its `call.started.path` (None for an import, a chat call in
     practice); `response_id`: the upstream's request id of its end; `answered_model`: `response_model` of its
     stored response (None: no body, redacted, or none named)."""
-    operation = "chat" if path is None else operation_of(path)
+    operation = "chat" if path is None else _operation_of(path)
     tokens = None if row.usage_source == NO_USAGE else (row.input_tokens, row.output_tokens)
     attributes: dict[str, AttributeValue] = {"gen_ai.operation.name": operation}
     if row.model:
