@@ -1,5 +1,5 @@
 """The calls read model's rules, each written once in plain Python: the fold (`call_fold`) and the readers
-(reports, filters, the call view, OpenTelemetry) call these functions and use these values."""
+(reports, filters, the call view) call these functions and use these values."""
 
 from __future__ import annotations
 
