@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 
@@ -20,6 +21,7 @@ from usage_ledger.emulator.wire import DetokenizeRequest, TokenizeRequest, error
 __all__ = ("VLLM_VERSION", "EmulatorApp", "create_app")
 
 _encode = msgspec.json.Encoder().encode
+T = TypeVar("T")
 _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -125,13 +127,8 @@ class EmulatorApp:
         await respond(send, 200, _encode(_Clock(now=self.engine.now(), speed=self.config.speed)))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
-        if body is None:
-            return
-        try:
-            req = msgspec.json.decode(body, type=TokenizeRequest)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            await respond(send, 400, error_body(400, f"Invalid request body: {exc}"))
+        req = await _read(receive, send, TokenizeRequest)
+        if req is None:
             return
         if req.model is not None and req.model != self.config.model:
             await respond(send, 404, error_body(404, f"The model `{req.model}` does not exist.", "model"))
@@ -147,15 +144,21 @@ class EmulatorApp:
         await respond(send, 200, _encode(_Tokenized(len(tokens), self.config.max_model_len, tokens)))
 
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
-        if body is None:
-            return
-        try:
-            req = msgspec.json.decode(body, type=DetokenizeRequest)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            await respond(send, 400, error_body(400, f"Invalid request body: {exc}"))
-            return
-        await respond(send, 200, _encode(_Detokenized(decode(req.tokens))))
+        req = await _read(receive, send, DetokenizeRequest)
+        if req is not None:
+            await respond(send, 200, _encode(_Detokenized(decode(req.tokens))))
+
+
+async def _read(receive: Receive, send: Send, kind: type[T]) -> T | None:
+    """The decoded body, or None once a 400 has been answered (or the client left)."""
+    body = await read_body(receive)
+    if body is None:
+        return None
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        await respond(send, 400, error_body(400, f"Invalid request body: {exc}"))
+        return None
 
 
 def create_app(config: EmulatorConfig) -> EmulatorApp:

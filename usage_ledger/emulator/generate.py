@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import msgspec
 
-from usage_ledger.emulator.asgi import JSON, Receive, Scope, Send, respond
+from usage_ledger.emulator.asgi import Receive, Scope, Send
 from usage_ledger.emulator.bodies import ChatChoice, ChatCompletion, ChatResponseMessage, Completion, CompletionChoice
 from usage_ledger.emulator.config import EmulatorConfig
 from usage_ledger.emulator.engine import Engine
@@ -14,7 +15,9 @@ from usage_ledger.emulator.faults import Faults
 from usage_ledger.emulator.grades import grade_of
 from usage_ledger.emulator.lengths import natural_length, output_plan
 from usage_ledger.emulator.lifecycle import (
+    SSE_HEADERS,
     BadRequest,
+    answer,
     base_request_id,
     decode_request,
     header_faults,
@@ -30,11 +33,10 @@ from usage_ledger.emulator.sse import DONE, StreamChunks, error_event
 from usage_ledger.emulator.tokenizer import PIECES, Answer, decode, lead_pieces
 from usage_ledger.emulator.validate import prompt_of, validate
 from usage_ledger.emulator.version import system_fingerprint
-from usage_ledger.emulator.wire import ChatRequest, CompletionRequest, PromptTokensDetails, Usage, error_body
+from usage_ledger.emulator.wire import ChatRequest, CompletionRequest, PromptTokensDetails, Usage
 
 __all__ = ("handle_generate",)
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _encode = msgspec.json.Encoder().encode
 _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
@@ -210,7 +212,7 @@ async def _stream(
     disconnected: asyncio.Event,
 ) -> None:
     seqs = call.seqs
-    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS + extra})
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + extra})
     sent = [0] * len(seqs)  # tokens sent, per choice
     n_chunks = 0  # content chunks sent
     first = chunks.chat  # the role chunks (one per choice) go first
@@ -282,6 +284,14 @@ def _body(call: _Call) -> bytes:
     config = call.config
     top, prompt_top = call.top_logprobs, call.prompt_top
     prompt_lp = prompt_logprobs(call.pieces, prompt_top) if prompt_top is not None else None
+    shared: dict[str, Any] = {
+        "id": call.request_id,
+        "created": call.created,
+        "model": config.model,
+        "usage": _usage(call),
+        "metrics": call.metrics(),
+        "system_fingerprint": system_fingerprint(config),
+    }
     if call.chat:
         chat_choices = [
             ChatChoice(
@@ -293,18 +303,7 @@ def _body(call: _Call) -> bytes:
             )
             for c in call.choices
         ]
-        return _encode(
-            ChatCompletion(
-                id=call.request_id,
-                created=call.created,
-                model=config.model,
-                choices=chat_choices,
-                usage=_usage(call),
-                metrics=call.metrics(),
-                system_fingerprint=system_fingerprint(config),
-                prompt_logprobs=prompt_lp,
-            )
-        )
+        return _encode(ChatCompletion(choices=chat_choices, prompt_logprobs=prompt_lp, **shared))
     echo = call.pieces if call.echo else None
     completion_choices = [
         CompletionChoice(
@@ -317,31 +316,11 @@ def _body(call: _Call) -> bytes:
         )
         for c in call.choices
     ]
-    return _encode(
-        Completion(
-            id=call.request_id,
-            created=call.created,
-            model=config.model,
-            choices=completion_choices,
-            usage=_usage(call),
-            metrics=call.metrics(),
-            system_fingerprint=system_fingerprint(config),
-        )
-    )
+    return _encode(Completion(choices=completion_choices, **shared))
 
 
 async def _answer(
     call: _Call, send: Send, faults: Faults, extra: list[tuple[bytes, bytes]], disconnected: asyncio.Event
 ) -> None:
-    if not await until_done(disconnected, *call.seqs):
-        return
-    body = _body(call)
-    if faults.error_after is not None:
-        await respond(send, 500, error_body(500, "Injected fault (X-Emulator-Fault).", None), extra=extra)
-        return
-    if faults.drop_after is not None:
-        headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode()), *extra]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
-        return
-    await respond(send, 200, body, extra=extra)
+    if await until_done(disconnected, *call.seqs):
+        await answer(send, _body(call), faults, extra)

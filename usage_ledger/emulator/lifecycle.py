@@ -19,7 +19,9 @@ from usage_ledger.emulator.scheduler import Sequence
 from usage_ledger.emulator.wire import error_body
 
 __all__ = (
+    "SSE_HEADERS",
     "BadRequest",
+    "answer",
     "base_request_id",
     "check_context",
     "check_model",
@@ -33,6 +35,8 @@ __all__ = (
 )
 
 T = TypeVar("T")
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
 class BadRequest(Exception):
@@ -184,3 +188,16 @@ async def until_done(disconnected: asyncio.Event, *seqs: Sequence) -> bool:
     for seq in seqs:
         seq.pending.clear()
     return not any(seq.aborted for seq in seqs)
+
+
+async def answer(send: Send, body: bytes, faults: Faults, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Send a whole (non-streamed) body; a mid-stream fault answers 500 (error) or half the body (drop)."""
+    if faults.error_after is not None:
+        await respond(send, 500, error_body(500, "Injected fault (X-Emulator-Fault).", None), extra=extra)
+        return
+    if faults.drop_after is not None:
+        headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode()), *(extra or ())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
+        return
+    await respond(send, 200, body, extra=extra)

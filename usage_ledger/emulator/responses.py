@@ -22,13 +22,15 @@ import uuid
 
 import msgspec
 
-from usage_ledger.emulator.asgi import JSON, Receive, Scope, Send, respond
+from usage_ledger.emulator.asgi import Receive, Scope, Send
 from usage_ledger.emulator.config import EmulatorConfig
 from usage_ledger.emulator.engine import Engine
 from usage_ledger.emulator.faults import Faults
 from usage_ledger.emulator.lengths import natural_length, output_plan
 from usage_ledger.emulator.lifecycle import (
+    SSE_HEADERS,
     BadRequest,
+    answer,
     base_request_id,
     check_context,
     check_model,
@@ -58,11 +60,9 @@ from usage_ledger.emulator.responses_wire import (
 )
 from usage_ledger.emulator.scheduler import Sequence
 from usage_ledger.emulator.tokenizer import PIECES, count_tokens, generated_text, render_chat
-from usage_ledger.emulator.wire import error_body
 
 __all__ = ("handle_responses",)
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder(ResponsesRequest)
 
@@ -193,19 +193,12 @@ async def handle_responses(config: EmulatorConfig, engine: Engine, scope: Scope,
 
 
 async def _answer(call: _Call, send: Send, faults: Faults, disconnected: asyncio.Event) -> None:
-    seq = call.seq
-    if not await until_done(disconnected, seq):
-        return
-    body = _encode(call.final([call.message(generated_text(call.offset, seq.generated), "completed")]))
-    if faults.error_after is not None:
-        await respond(send, 500, error_body(500, "Injected fault (X-Emulator-Fault).", None))
-        return
-    if faults.drop_after is not None:
-        headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body[: len(body) // 2], "more_body": True})
-        return
-    await respond(send, 200, body)
+    if await until_done(disconnected, call.seq):
+        await answer(
+            send,
+            _encode(call.final([call.message(generated_text(call.offset, call.seq.generated), "completed")])),
+            faults,
+        )
 
 
 def _event(kind: str, event: msgspec.Struct) -> bytes:
@@ -215,7 +208,7 @@ def _event(kind: str, event: msgspec.Struct) -> bytes:
 async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disconnected: asyncio.Event) -> None:
     seq = call.seq
     number = itertools.count()  # sequence_number, across the whole stream
-    await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     initial = call.response("in_progress", [], None)
     head = [
         _event(kind, ResponseEvent(response=initial, sequence_number=next(number), type=kind))
