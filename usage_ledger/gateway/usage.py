@@ -17,6 +17,7 @@ understood is reported as a problem (`usage_problem`), never as "no usage".
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = (
 
 _NO_RAW = msgspec.Raw()
 _any_decoder = msgspec.json.Decoder()
+_members_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 # Responses API stream events that end a response; `response.completed` carries the usage
 _RESPONSE_ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -140,20 +142,7 @@ class _Chunk(msgspec.Struct):
     system_fingerprint: str | None = None
 
 
-class _RawChunk(msgspec.Struct):
-    """Every member the gateway reads, kept as raw JSON: decodes whenever the payload is an object."""
-
-    type: msgspec.Raw = _NO_RAW
-    choices: msgspec.Raw = _NO_RAW
-    usage: msgspec.Raw = _NO_RAW
-    error: msgspec.Raw = _NO_RAW
-    metrics: msgspec.Raw = _NO_RAW
-    response: msgspec.Raw = _NO_RAW
-    system_fingerprint: msgspec.Raw = _NO_RAW
-
-
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
-_raw_chunk_decoder = msgspec.json.Decoder(_RawChunk)
 _choices_decoder = msgspec.json.Decoder(list[_Choice] | None)
 _str_decoder = msgspec.json.Decoder(str | None)
 _response_decoder = msgspec.json.Decoder(_ResponseBody | None)
@@ -280,26 +269,34 @@ def _chunk_info(
 
 def _inspect_odd_chunk(data: bytes) -> ChunkInfo:
     """A chunk with a member of an unexpected shape: each member read on its own."""
-    try:
-        raw = _raw_chunk_decoder.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    raw = _members(data)
+    if raw is None:
         return _EMPTY_CHUNK  # not an object
-    kind = _lenient(_str_decoder, raw.type)
-    choices = _lenient(_choices_decoder, raw.choices)
+    kind = _lenient(_str_decoder, raw["type"])
+    choices = _lenient(_choices_decoder, raw["choices"])
     tokens, reasons = _choice_tokens(choices) if choices else (0, ())
-    response = _lenient(_response_decoder, raw.response)
-    if response is None and raw.response:
-        parts = _lenient(_raw_body_decoder, raw.response)  # the response's members one by one
+    response = _lenient(_response_decoder, raw["response"])
+    if response is None and raw["response"]:
+        parts = _members(raw["response"])  # the response's members one by one
         if parts is not None:
             response = _ResponseBody(
-                status=_lenient(_str_decoder, parts.status),
-                usage=parts.usage,
-                metrics=parts.metrics,
-                incomplete_details=_lenient(_any_decoder, parts.incomplete_details),
+                status=_lenient(_str_decoder, parts["status"]),
+                usage=parts["usage"],
+                metrics=parts["metrics"],
+                incomplete_details=_lenient(_any_decoder, parts["incomplete_details"]),
             )
-    fingerprint = _lenient(_str_decoder, raw.system_fingerprint)
-    error = not _is_null(raw.error)
-    return _chunk_info(kind, choices, tokens, reasons, raw.usage, error, raw.metrics, response, fingerprint)
+    fingerprint = _lenient(_str_decoder, raw["system_fingerprint"])
+    error = not _is_null(raw["error"])
+    return _chunk_info(kind, choices, tokens, reasons, raw["usage"], error, raw["metrics"], response, fingerprint)
+
+
+def _members(data: bytes | msgspec.Raw) -> defaultdict[str, msgspec.Raw] | None:
+    """A JSON object's members kept as raw JSON, to be read one by one (an absent one is empty); None if
+    `data` is not an object."""
+    try:
+        return defaultdict(msgspec.Raw, _members_decoder.decode(data))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
 
 
 def _lenient(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
@@ -329,18 +326,7 @@ class _Response(msgspec.Struct):
     system_fingerprint: msgspec.Raw = _NO_RAW  # read leniently: a server's odd value must not cost the usage
 
 
-class _RawResponse(msgspec.Struct):
-    id: msgspec.Raw = _NO_RAW
-    choices: msgspec.Raw = _NO_RAW
-    usage: msgspec.Raw = _NO_RAW
-    metrics: msgspec.Raw = _NO_RAW
-    status: msgspec.Raw = _NO_RAW
-    incomplete_details: msgspec.Raw = _NO_RAW
-    system_fingerprint: msgspec.Raw = _NO_RAW
-
-
 _body_decoder = msgspec.json.Decoder(_Response)
-_raw_body_decoder = msgspec.json.Decoder(_RawResponse)
 _message_choices_decoder = msgspec.json.Decoder(list[_MessageChoice] | None)
 
 
@@ -382,22 +368,22 @@ def inspect_response(body: bytes) -> ResponseInfo:
 
 
 def _inspect_odd_response(body: bytes) -> ResponseInfo:
-    raw = _raw_body_decoder.decode(body)
-    choices = _lenient(_message_choices_decoder, raw.choices) or ()
+    raw = _members(body) or defaultdict(msgspec.Raw)  # an object: the typed decoding parsed it
+    choices = _lenient(_message_choices_decoder, raw["choices"]) or ()
     reasons = tuple(c.finish_reason for c in choices if c.finish_reason is not None)
-    status = _lenient(_str_decoder, raw.status)
+    status = _lenient(_str_decoder, raw["status"])
     if not reasons and status is not None:
         reasons = _response_reason(
-            _ResponseBody(status=status, incomplete_details=_lenient(_any_decoder, raw.incomplete_details))
+            _ResponseBody(status=status, incomplete_details=_lenient(_any_decoder, raw["incomplete_details"]))
         )
-    usage, problem = read_usage(raw.usage)
-    request_id = _lenient(_str_decoder, raw.id)
+    usage, problem = read_usage(raw["usage"])
+    request_id = _lenient(_str_decoder, raw["id"])
     return ResponseInfo(
         request_id=request_id,
         usage=usage,
         usage_problem=problem,
         finish_reasons=reasons,
         finish_choices=_finish_choices(choices, reasons),
-        metrics=_read_metrics(raw.metrics),
-        system_fingerprint=_lenient(_str_decoder, raw.system_fingerprint),
+        metrics=_read_metrics(raw["metrics"]),
+        system_fingerprint=_lenient(_str_decoder, raw["system_fingerprint"]),
     )
