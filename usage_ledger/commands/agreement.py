@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, async_command, logged_settings, open_checked
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -51,42 +51,38 @@ def add_agreement_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.set_defaults(func=agreement_command)
 
 
-def agreement_command(args: argparse.Namespace) -> int:
+@async_command
+async def agreement_command(args: argparse.Namespace) -> int:
     """Exit 0 with the report, 2 for bad usage or input (an unknown run, a label outside --scale)."""
 
     from usage_ledger.answers import agreement_report
-    from usage_ledger.ledger import configure_logging
 
-    async def main() -> int:
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database: Database | None = None if args.labels_file else await open_checked(settings)
-        try:
-            result = await agreement_report(
-                database,
-                args.runs,
-                extract=args.extract,
-                extract_json=args.extract_json,
-                labels_file=Path(args.labels_file) if args.labels_file else None,
-                key=args.key,
-                where=args.where,
-                scale=args.scale,
-                outcomes_file=Path(args.outcomes_file) if args.outcomes_file else None,
-                outcome_column=args.outcome_column,
-                run_gap_s=settings.reports.run_gap_s,
-            )
-        finally:
-            if database is not None:
-                await database.dispose()
-        if args.output_format == "json":
-            sys.stdout.buffer.write(msgspec.json.encode(result.report) + b"\n")
-            for note in result.notes:
-                print(f"ledger: note: {note}", file=sys.stderr)
-        else:
-            print_agreement(result, key=args.key if not args.labels_file else "key")
-        return 0
-
-    return run_command(main)
+    settings = logged_settings(args, "run_gap_s")
+    database: Database | None = None if args.labels_file else await open_checked(settings)
+    try:
+        result = await agreement_report(
+            database,
+            args.runs,
+            extract=args.extract,
+            extract_json=args.extract_json,
+            labels_file=Path(args.labels_file) if args.labels_file else None,
+            key=args.key,
+            where=args.where,
+            scale=args.scale,
+            outcomes_file=Path(args.outcomes_file) if args.outcomes_file else None,
+            outcome_column=args.outcome_column,
+            run_gap_s=settings.reports.run_gap_s,
+        )
+    finally:
+        if database is not None:
+            await database.dispose()
+    if args.output_format == "json":
+        sys.stdout.buffer.write(msgspec.json.encode(result.report) + b"\n")
+        for note in result.notes:
+            print(f"ledger: note: {note}", file=sys.stderr)
+    else:
+        print_agreement(result, key=args.key if not args.labels_file else "key")
+    return 0
 
 
 def _width() -> int:

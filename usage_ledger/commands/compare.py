@@ -5,28 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from usage_ledger.commands.support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import async_command, checked_database, logged_settings
 
 __all__ = ("compare_command",)
 
 
-def compare_command(args: argparse.Namespace) -> int:
+@async_command
+async def compare_command(args: argparse.Namespace) -> int:
     """Exit 0 with the comparison printed; 2 for an unknown run or bad usage."""
 
     from usage_ledger.answers import compare_runs, render_comparison
     from usage_ledger.commands.output import terminal_width
-    from usage_ledger.ledger import configure_logging
 
-    async def main() -> int:
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        try:
-            comparison = await compare_runs(database, args.runs, run_gap_s=settings.reports.run_gap_s)
-        finally:
-            await database.dispose()
-        text = render_comparison(comparison, args.output_format, width=terminal_width())
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        return 0
-
-    return run_command(main)
+    settings = logged_settings(args, "run_gap_s")
+    async with checked_database(settings) as database:
+        comparison = await compare_runs(database, args.runs, run_gap_s=settings.reports.run_gap_s)
+    text = render_comparison(comparison, args.output_format, width=terminal_width())
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0

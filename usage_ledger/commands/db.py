@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.commands.support import add_db_option, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, async_command, logged_settings, settings_from_args
 
 __all__ = ("register_db",)
 
@@ -29,44 +29,39 @@ def register_db(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     downgrade.set_defaults(func=_db_downgrade)
 
 
-def _db_upgrade(args: argparse.Namespace) -> int:
-    from usage_ledger.ledger import configure_logging, open_database, upgrade_database
+@async_command
+async def _db_upgrade(args: argparse.Namespace) -> int:
+    from usage_ledger.ledger import open_database, upgrade_database
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
-        try:
-            await upgrade_database(database)
-        finally:
-            await database.dispose()
-        print(f"ledger schema is up to date in {database.safe_url}")
-        return 0
-
-    return run_command(main)
+    settings = logged_settings(args)
+    database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
+    try:
+        await upgrade_database(database)
+    finally:
+        await database.dispose()
+    print(f"ledger schema is up to date in {database.safe_url}")
+    return 0
 
 
-def _db_current(args: argparse.Namespace) -> int:
+@async_command
+async def _db_current(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import current_revision, database_exists, head_revision, open_database
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
-        try:
-            revision = await current_revision(database)
-        finally:
-            await database.dispose()
-        head = head_revision()
-        if not database_exists(database):
-            state = "no database file (create it with `ledger db upgrade`)"
-        elif revision is None:
-            state = "none: not migrated (run `ledger db upgrade`)"
-        else:
-            state = revision + (" (head)" if revision == head else f" (head is {head}: run `ledger db upgrade`)")
-        print(f"{database.safe_url}: {state}")
-        return 0 if revision == head else 1
-
-    return run_command(main)
+    settings = settings_from_args(args)
+    database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
+    try:
+        revision = await current_revision(database)
+    finally:
+        await database.dispose()
+    head = head_revision()
+    if not database_exists(database):
+        state = "no database file (create it with `ledger db upgrade`)"
+    elif revision is None:
+        state = "none: not migrated (run `ledger db upgrade`)"
+    else:
+        state = revision + (" (head)" if revision == head else f" (head is {head}: run `ledger db upgrade`)")
+    print(f"{database.safe_url}: {state}")
+    return 0 if revision == head else 1
 
 
 def _db_history(_: argparse.Namespace) -> int:
@@ -77,10 +72,10 @@ def _db_history(_: argparse.Namespace) -> int:
     return 0
 
 
-def _db_downgrade(args: argparse.Namespace) -> int:
+@async_command
+async def _db_downgrade(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         ConfigError,
-        configure_logging,
         current_revision,
         database_exists,
         downgrade_database,
@@ -88,27 +83,23 @@ def _db_downgrade(args: argparse.Namespace) -> int:
         open_database,
     )
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
-        try:
-            if not database_exists(database):
-                raise ConfigError(f"no ledger database at {database.safe_url}: nothing to downgrade")
-            steps = downgrade_steps(await current_revision(database), args.revision)
-            if any(step.down_revision is None for step in steps) and not args.yes:
-                raise ConfigError(
-                    f"downgrading {database.safe_url} to {args.revision} drops the ledger's own tables and every "
-                    "event in them; pass --yes if that is what you want (export or back up first)"
-                )
-            if steps:
-                await downgrade_database(database, args.revision)
-        finally:
-            await database.dispose()
-        if not steps:
-            print(f"{database.safe_url}: already at {args.revision}, nothing undone")
-        for step in steps:
-            print(f"undone {step.revision}: {step.doc}")
-        return 0
-
-    return run_command(main)
+    settings = logged_settings(args)
+    database = open_database(settings.storage.database_url, sqlite_synchronous=settings.storage.sqlite_synchronous)
+    try:
+        if not database_exists(database):
+            raise ConfigError(f"no ledger database at {database.safe_url}: nothing to downgrade")
+        steps = downgrade_steps(await current_revision(database), args.revision)
+        if any(step.down_revision is None for step in steps) and not args.yes:
+            raise ConfigError(
+                f"downgrading {database.safe_url} to {args.revision} drops the ledger's own tables and every "
+                "event in them; pass --yes if that is what you want (export or back up first)"
+            )
+        if steps:
+            await downgrade_database(database, args.revision)
+    finally:
+        await database.dispose()
+    if not steps:
+        print(f"{database.safe_url}: already at {args.revision}, nothing undone")
+    for step in steps:
+        print(f"undone {step.revision}: {step.doc}")
+    return 0

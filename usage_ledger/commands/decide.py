@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from usage_ledger.projections import CostMeans
 
 from usage_ledger.commands.agreement import _width
-from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, async_command, checked_database, logged_settings
 
 __all__ = ("add_decide_parsers",)
 
@@ -71,83 +71,60 @@ def _print_recorded(what: str, result: Recorded) -> None:
         print(f"ledger: warning: {warning}", file=sys.stderr)
 
 
-def labels_import_command(args: argparse.Namespace) -> int:
+@async_command
+async def labels_import_command(args: argparse.Namespace) -> int:
     """Exit 0 when recorded (or already there), 2 for a bad row, an unknown run or bad usage (nothing appended)."""
 
     from usage_ledger.imports import extract_labels, import_labels
-    from usage_ledger.ledger import configure_logging
     from usage_ledger.projections import ProjectionError
 
-    async def main() -> int:
-        if (args.file is None) == (args.run is None) or (args.run is None) != (args.extract is None):
-            raise ProjectionError("give FILE.csv, or --run RUN with --extract REGEX")
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        gap = settings.reports.run_gap_s
-        try:
-            if args.file is not None:
-                result = await import_labels(database, args.file, run_gap_s=gap)
-            else:
-                result = await extract_labels(
-                    database, args.run, args.extract, key=args.key, where=args.where, run_gap_s=gap
-                )
-        finally:
-            await database.dispose()
-        _print_recorded("labels.recorded", result)
-        return 0
-
-    return run_command(main)
+    if (args.file is None) == (args.run is None) or (args.run is None) != (args.extract is None):
+        raise ProjectionError("give FILE.csv, or --run RUN with --extract REGEX")
+    settings = logged_settings(args, "run_gap_s")
+    gap = settings.reports.run_gap_s
+    async with checked_database(settings) as database:
+        if args.file is not None:
+            result = await import_labels(database, args.file, run_gap_s=gap)
+        else:
+            result = await extract_labels(
+                database, args.run, args.extract, key=args.key, where=args.where, run_gap_s=gap
+            )
+    _print_recorded("labels.recorded", result)
+    return 0
 
 
-def returns_import_command(args: argparse.Namespace) -> int:
+@async_command
+async def returns_import_command(args: argparse.Namespace) -> int:
     """Exit 0 when recorded (or already there), 2 for a bad row (nothing appended)."""
 
     from usage_ledger.imports import import_returns
-    from usage_ledger.ledger import configure_logging
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        try:
-            result = await import_returns(database, Path(args.file))
-        finally:
-            await database.dispose()
-        _print_recorded("returns.recorded", result)
-        return 0
-
-    return run_command(main)
+    settings = logged_settings(args)
+    async with checked_database(settings) as database:
+        result = await import_returns(database, Path(args.file))
+    _print_recorded("returns.recorded", result)
+    return 0
 
 
-def decide_command(args: argparse.Namespace) -> int:
+@async_command
+async def decide_command(args: argparse.Namespace) -> int:
     """Exit 0 with the report; 2 for an unknown run, a label outside --scale or other bad usage."""
 
     from usage_ledger.answers import decide
-    from usage_ledger.ledger import configure_logging
     from usage_ledger.projections import ProjectionError, parse_as_of
 
-    async def main() -> int:
-        try:
-            as_of = parse_as_of(args.as_of or "", "--as-of")
-        except ValueError as exc:
-            raise ProjectionError(str(exc)) from exc
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        try:
-            result = await decide(
-                database, args.a, args.b, args.scale, as_of=as_of, run_gap_s=settings.reports.run_gap_s
-            )
-        finally:
-            await database.dispose()
-        if args.output_format == "json":
-            sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
-        else:
-            print_decision(result)
-        return 0
-
-    return run_command(main)
+    try:
+        as_of = parse_as_of(args.as_of or "", "--as-of")
+    except ValueError as exc:
+        raise ProjectionError(str(exc)) from exc
+    settings = logged_settings(args, "run_gap_s")
+    async with checked_database(settings) as database:
+        result = await decide(database, args.a, args.b, args.scale, as_of=as_of, run_gap_s=settings.reports.run_gap_s)
+    if args.output_format == "json":
+        sys.stdout.buffer.write(msgspec.json.encode(result) + b"\n")
+    else:
+        print_decision(result)
+    return 0
 
 
 def _cell(value: float | None, digits: int = 4) -> str:

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from usage_ledger.commands.db import register_db
-from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import (
+    add_db_option,
+    async_command,
+    checked_database,
+    run_command,
+    settings_from_args,
+)
 
 if TYPE_CHECKING:
     from usage_ledger.ledger import LedgerReport
@@ -111,7 +117,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     redact.set_defaults(func=_redact)
 
 
-def _verify(args: argparse.Namespace) -> int:
+@async_command
+async def _verify(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         CLOCK_SKEW,
         ConfigError,
@@ -123,17 +130,16 @@ def _verify(args: argparse.Namespace) -> int:
     )
     from usage_ledger.projections import verify_read_models
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        anchor = _parse_anchor(args.expect_head) if args.expect_head else None
-        if bool(args.checkpoint) != bool(args.pubkey):
-            raise ConfigError("--checkpoint and --pubkey go together: the key verifies the checkpoints' signatures")
-        skew = CLOCK_SKEW if args.clock_skew_s is None else timedelta(seconds=args.clock_skew_s)
-        if skew < timedelta(0):
-            raise ConfigError("--clock-skew-s must not be negative")
-        verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
-        notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
-        database = await open_checked(settings)
+    settings = settings_from_args(args)
+    anchor = _parse_anchor(args.expect_head) if args.expect_head else None
+    if bool(args.checkpoint) != bool(args.pubkey):
+        raise ConfigError("--checkpoint and --pubkey go together: the key verifies the checkpoints' signatures")
+    skew = CLOCK_SKEW if args.clock_skew_s is None else timedelta(seconds=args.clock_skew_s)
+    if skew < timedelta(0):
+        raise ConfigError("--clock-skew-s must not be negative")
+    verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
+    notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
+    async with checked_database(settings) as database:
         try:
             report = await verify_ledger(
                 database,
@@ -149,20 +155,16 @@ def _verify(args: argparse.Namespace) -> int:
             raise
         except Exception as exc:
             raise translate_db_error(exc, database) from exc
-        finally:
-            await database.dispose()
-        if args.format == "json":
-            out = msgspec.to_builtins(report)
-            if args.read_models:
-                out["read_models"] = msgspec.to_builtins(models)
-            sys.stdout.buffer.write(msgspec.json.encode(out) + b"\n")
-        else:
-            _print_report(report)
-            if args.read_models:
-                _print_read_models(models)
-        return 0 if report.ok and all(m.ok for m in models or ()) else 1
-
-    return run_command(main)
+    if args.format == "json":
+        out = msgspec.to_builtins(report)
+        if args.read_models:
+            out["read_models"] = msgspec.to_builtins(models)
+        sys.stdout.buffer.write(msgspec.json.encode(out) + b"\n")
+    else:
+        _print_report(report)
+        if args.read_models:
+            _print_read_models(models)
+    return 0 if report.ok and all(m.ok for m in models or ()) else 1
 
 
 def _print_report(report: LedgerReport) -> None:
@@ -208,19 +210,18 @@ def _print_read_models(models: list[ReadModelCheck] | None) -> None:
             print(f"  ... and {model.differing_rows - len(model.rows)} more")
 
 
-def _keygen(args: argparse.Namespace) -> int:
+@async_command
+async def _keygen(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import generate_key, write_key_files
 
-    async def main() -> int:
-        path = Path(args.out)
-        pub = write_key_files(generate_key(args.name), path)
-        print(f"private key {path} (keep it secret), verifier key {pub}")
-        return 0
-
-    return run_command(main)
+    path = Path(args.out)
+    pub = write_key_files(generate_key(args.name), path)
+    print(f"private key {path} (keep it secret), verifier key {pub}")
+    return 0
 
 
-def _checkpoint(args: argparse.Namespace) -> int:
+@async_command
+async def _checkpoint(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         LedgerError,
         chain_head,
@@ -231,10 +232,9 @@ def _checkpoint(args: argparse.Namespace) -> int:
         write_checkpoint_file,
     )
 
-    async def main() -> int:
-        settings = settings_from_args(args, "checkpoint_origin")
-        key = load_signing_key(Path(args.key))
-        database = await open_checked(settings)
+    settings = settings_from_args(args, "checkpoint_origin")
+    key = load_signing_key(Path(args.key))
+    async with checked_database(settings) as database:
         try:
             conn = await snapshot(database)
             try:
@@ -245,16 +245,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
             raise
         except Exception as exc:
             raise translate_db_error(exc, database) from exc
-        finally:
-            await database.dispose()
-        if checkpoint is None:
-            print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}; nothing signed")
-            return 1
-        write_checkpoint_file(Path(args.out), sign_checkpoint(checkpoint, key))
-        print(f"checkpoint {args.out}: {checkpoint.origin} size {checkpoint.size} head {checkpoint.head_hash}")
-        return 0
-
-    return run_command(main)
+    if checkpoint is None:
+        print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}; nothing signed")
+        return 1
+    write_checkpoint_file(Path(args.out), sign_checkpoint(checkpoint, key))
+    print(f"checkpoint {args.out}: {checkpoint.origin} size {checkpoint.size} head {checkpoint.head_hash}")
+    return 0
 
 
 def _parse_anchor(text: str) -> tuple[int, str]:
@@ -266,49 +262,39 @@ def _parse_anchor(text: str) -> tuple[int, str]:
     return int(position), digest.lower()
 
 
-def _events_tail(args: argparse.Namespace) -> int:
+@async_command
+async def _events_tail(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import follow_events, iter_events
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        database = await open_checked(settings)
-        encoder = msgspec.json.Encoder()
-        out = sys.stdout.buffer
-        try:
-            after = args.after
-            if after is None:
-                from usage_ledger.ledger import head_position
+    settings = settings_from_args(args)
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    async with checked_database(settings) as database:
+        after = args.after
+        if after is None:
+            from usage_ledger.ledger import head_position
 
-                async with database.engine.connect() as conn:
-                    after = max(0, await head_position(conn) - 20)
-            source = follow_events(database, after) if args.follow else iter_events(database, after)
-            async for stored in source:
-                row: dict[str, Any] = msgspec.to_builtins(stored)
-                row["payload"] = msgspec.json.decode(stored.payload)
-                out.write(encoder.encode(row) + b"\n")
-                out.flush()
-        finally:
-            await database.dispose()
-        return 0
-
-    return run_command(main)
+            async with database.engine.connect() as conn:
+                after = max(0, await head_position(conn) - 20)
+        source = follow_events(database, after) if args.follow else iter_events(database, after)
+        async for stored in source:
+            row: dict[str, Any] = msgspec.to_builtins(stored)
+            row["payload"] = msgspec.json.decode(stored.payload)
+            out.write(encoder.encode(row) + b"\n")
+            out.flush()
+    return 0
 
 
-def _spool_replay(args: argparse.Namespace) -> int:
+@async_command
+async def _spool_replay(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import Spool, replay_spool
 
-    async def main() -> int:
-        settings = settings_from_args(args, "spool_dir")
-        database = await open_checked(settings)
-        try:
-            with Spool(settings.storage.spool_dir) as spool:
-                appended, duplicates = await replay_spool(database, spool, accept_unkeyed=args.accept_unkeyed)
-        finally:
-            await database.dispose()
-        print(f"spool replayed: {appended} events appended, {duplicates} already present")
-        return 0
-
-    return run_command(main)
+    settings = settings_from_args(args, "spool_dir")
+    async with checked_database(settings) as database:
+        with Spool(settings.storage.spool_dir) as spool:
+            appended, duplicates = await replay_spool(database, spool, accept_unkeyed=args.accept_unkeyed)
+    print(f"spool replayed: {appended} events appended, {duplicates} already present")
+    return 0
 
 
 def _redact(args: argparse.Namespace) -> int:
@@ -351,30 +337,29 @@ def _redact(args: argparse.Namespace) -> int:
             )
         if not args.reason.strip():
             raise ConfigError("--reason must say why the body is erased")
-        database = await open_checked(settings)
-        try:
+        async with checked_database(settings) as database:
             try:
-                async with database.engine.connect() as conn:
-                    redacted_at = await blob_redacted_at(conn, digest)
-            except BlobNotFound:
-                if not args.force:
-                    raise BlobNotFound(
-                        f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
-                        "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
-                    ) from None
-                redacted_at = None
-            if redacted_at is not None and not args.force:
-                print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
-                return 0
-            await append_events(
-                database, [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=blob_stream(digest))]
-            )
-            async with database.engine.begin() as conn:
-                changed = await redact_blob(conn, digest)
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
-        finally:
-            await database.dispose()
+                try:
+                    async with database.engine.connect() as conn:
+                        redacted_at = await blob_redacted_at(conn, digest)
+                except BlobNotFound:
+                    if not args.force:
+                        raise BlobNotFound(
+                            f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
+                            "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
+                        ) from None
+                    redacted_at = None
+                if redacted_at is not None and not args.force:
+                    print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
+                    return 0
+                await append_events(
+                    database,
+                    [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=blob_stream(digest))],
+                )
+                async with database.engine.begin() as conn:
+                    changed = await redact_blob(conn, digest)
+            except Exception as exc:
+                raise translate_db_error(exc, database) from exc
         print(
             f"blob {digest} redacted"
             if changed

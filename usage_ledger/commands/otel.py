@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from usage_ledger.commands.support import add_db_option, open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import add_db_option, async_command, checked_database, settings_from_args
 
 __all__ = ("register",)
 
@@ -18,20 +18,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export.set_defaults(func=_export_command)
 
 
-def _export_command(args: argparse.Namespace) -> int:
+@async_command
+async def _export_command(args: argparse.Namespace) -> int:
     from usage_ledger.otel import export_once, follow_export, open_exporters
 
-    async def main() -> int:
-        exporters = open_exporters()
-        database = await open_checked(settings_from_args(args))
-        try:
+    exporters = open_exporters()
+    try:
+        async with checked_database(settings_from_args(args)) as database:
             if args.follow:
                 await follow_export(database, exporters)
             position = await export_once(database, exporters)
-        finally:
-            await database.dispose()
-            exporters.shutdown()
-        print(f"otel: exported up to position {position}")
-        return 0
-
-    return run_command(main)
+    finally:
+        exporters.shutdown()
+    print(f"otel: exported up to position {position}")
+    return 0

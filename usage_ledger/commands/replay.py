@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from usage_ledger.commands.support import add_db_option, open_checked, run_command
+from usage_ledger.commands.support import add_db_option, checked_database, run_command
 
 __all__ = ("register",)
 
@@ -103,8 +103,7 @@ def _replay_command(args: argparse.Namespace) -> int:
             )
         configure_logging(settings.log.log_level, settings.log.log_format)
         console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
-        database = await open_checked(settings)
-        try:
+        async with checked_database(settings) as database:
             with _interrupts() as stop:
                 result = await replay_run(
                     database,
@@ -121,8 +120,6 @@ def _replay_command(args: argparse.Namespace) -> int:
                 console.print(render_comparison(comparison, "table"), markup=False, highlight=False)
             summary = describe(result, options.upstream, failed=failed, deadline_s=options.deadline_s)
             console.print(summary, markup=False, highlight=False, soft_wrap=True)  # one line, whatever its length
-        finally:
-            await database.dispose()
         if result.interrupted:
             return INTERRUPTED
         return CALLS_FAILED if failed or result.deadline_reached or result.upstream_lost else 0

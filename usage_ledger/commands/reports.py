@@ -29,7 +29,7 @@ from usage_ledger.commands.bodies import body_lines
 from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.progress import advance, progress, stage
 from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
-from usage_ledger.commands.support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import async_command, checked_database, logged_settings, run_command
 from usage_ledger.commands.table_notes import print_table_notes
 from usage_ledger.imports import import_file
 from usage_ledger.ledger import (
@@ -39,7 +39,6 @@ from usage_ledger.ledger import (
     RunAnnotated,
     append_events,
     call_stream,
-    configure_logging,
     freeze_startup_heap,
     new_event,
 )
@@ -58,7 +57,6 @@ from usage_ledger.projections import (
     rebuild_projection,
     set_formula,
 )
-from usage_ledger.settings import Settings
 
 __all__ = (
     "annotate_command",
@@ -75,12 +73,6 @@ __all__ = (
 )
 
 _encoder = msgspec.json.Encoder()
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    settings = settings_from_args(args, "tz", "run_gap_s")
-    configure_logging(settings.log.log_level, settings.log.log_format)
-    return settings
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
@@ -103,204 +95,165 @@ def _when(text: str, flag: str) -> datetime:
     return value
 
 
-def import_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        database = await open_checked(settings)
-        failed = False
-        try:
-            for name in args.files:
-                with progress("bytes") as bar:
-                    task = bar.add_task(f"import {name}", total=None)
-                    try:
-                        result = await import_file(
-                            database,
-                            name,
-                            fmt=args.input_format,
-                            source=args.source,
-                            skip_invalid=args.skip_invalid,
-                            progress=advance(bar, task),
-                        )
-                    except ImportFailed as exc:
-                        print(f"ledger: error: {name}: {exc}", file=sys.stderr)
-                        failed = True
-                        continue
-                for line in result.errors[:20]:
-                    print(f"skipped {line}", file=sys.stderr)
-                for line in result.warnings[:20]:
-                    print(f"ledger: warning: {line}", file=sys.stderr)
-                if len(result.warnings) > 20:
-                    print(f"ledger: warning: … and {len(result.warnings) - 20} more", file=sys.stderr)
-                print(
-                    f"{name}: {result.rows} rows, {result.appended} calls imported, "
-                    f"{result.duplicates} already present, {result.invalid} invalid skipped"
-                )
-        finally:
-            await database.dispose()
-        return 2 if failed else 0
-
-    return run_command(main)
-
-
-def report_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        zone = parse_zone(settings.reports.tz)
-        selected = filters_from_args(args, zone)
-        table = table_options(args)
-        gap = settings.reports.run_gap_s
-        database = await open_checked(settings)
-        notes: list[str] = []
-        try:
-            if args.kind == "runs":
-                rows: list[msgspec.Struct] = list(
-                    await runs_report(database, formula=args.formula, run=args.run, run_gap_s=gap, filters=selected)
-                )
-            elif args.kind == "tickers":
-                rows = list(await tickers_report(database, run=args.run, run_gap_s=gap, filters=selected))
-            elif args.kind == "eras":
-                if not args.by:
-                    raise ProjectionError(
-                        "report eras needs --by LABEL (hardware, model, kind or any annotation label)"
-                    )
-                eras = eras_report(
-                    database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone, filters=selected
-                )
-                rows = list(await eras)
-                if rows and all(isinstance(row, EraRow) and row.group is None for row in rows):
-                    runs = await runs_report(database, run_gap_s=gap, filters=selected)
-                    labels = sorted({name for run in runs for name in run.labels} | {"model"})
-                    notes.append(
-                        f"no run carries a {args.by} label; the labels runs carry: {', '.join(labels)} "
-                        "(--by model groups by the served model)"
-                    )
-            else:
-                days = await daily_report(
-                    database, tz=settings.reports.tz, run=args.run, run_gap_s=gap, filters=selected
-                )
-                rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
-            title = f"{args.kind} ({settings.reports.tz})" if args.kind == "daily" else args.kind
-            title = f"eras by {args.by}" if args.kind == "eras" else title
-            print_rows(rows, args.output_format, title=title, zone=zone, **table)
-            if args.output_format == "table" and args.kind in ("runs", "eras") and rows:
-                print_table_notes(args, rows, notes)
-        finally:
-            await database.dispose()
-        return 0
-
-    return run_command(main)
-
-
-def rebuild_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        names = args.names or sorted(PROJECTIONS)
-        for name in names:  # every name checked before the first rebuild starts
-            projection_named(name)
-        database = await open_checked(settings)
-        try:
-            for name in names:
-                with progress("events") as bar:
-                    task = bar.add_task(f"rebuild {name}", total=None)
-                    promoted = await rebuild_projection(
+@async_command
+async def import_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    failed = False
+    async with checked_database(settings) as database:
+        for name in args.files:
+            with progress("bytes") as bar:
+                task = bar.add_task(f"import {name}", total=None)
+                try:
+                    result = await import_file(
                         database,
                         name,
-                        formula=args.formula if name == "calls" else None,
-                        keep_old=args.keep_old,
-                        workers=args.workers,
+                        fmt=args.input_format,
+                        source=args.source,
+                        skip_invalid=args.skip_invalid,
                         progress=advance(bar, task),
-                        stage=stage(bar, task, f"rebuild {name}"),
                     )
-                print(
-                    f"{name}: version {promoted.version} promoted at position {promoted.head_position} "
-                    f"(formula {promoted.formula}, digest {promoted.digest})"
-                )
-        finally:
-            await database.dispose()
-        return 0
-
-    return run_command(main)
-
-
-def projections_run_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        database = await open_checked(settings)
-        try:
-            if args.follow:
-                freeze_startup_heap()
-                await follow_projections(database)
-            checkpoints = await catch_up_all(database)
-        finally:
-            await database.dispose()
-        for name, position in sorted(checkpoints.items()):
-            print(f"{name}: caught up to position {position}")
-        return 0
-
-    return run_command(main)
-
-
-def projections_status_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        database = await open_checked(settings)
-        try:
-            rows = await projection_status(database)
-        finally:
-            await database.dispose()
-        print_rows(rows, args.output_format, title="projections")
-        return 0
-
-    return run_command(main)
-
-
-def recompute_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        database = await open_checked(settings)
-        try:
-            rows = await recompute_report(database, args.formula, run_gap_s=settings.reports.run_gap_s)
-            promoted = await set_formula(database, args.formula) if args.promote else None
-        finally:
-            await database.dispose()
-        print_rows(rows, args.output_format, title=f"recompute with {args.formula}")
-        if promoted is not None:
-            print(f"default formula is now {promoted.formula} (calls version {promoted.version})", file=sys.stderr)
-        return 0
-
-    return run_command(main)
-
-
-def annotate_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        labels = _pairs(args.label, "--label")
-        for key in ("hardware", "model", "kind"):
-            if getattr(args, key):
-                labels[key] = getattr(args, key)
-        labels.update(_price_labels(args.price_per_hour, args.currency))
-        if not labels:
-            raise ConfigError(
-                "nothing to annotate: give --hardware, --model, --kind, --price-per-hour P --currency C "
-                "or --label NAME=VALUE"
+                except ImportFailed as exc:
+                    print(f"ledger: error: {name}: {exc}", file=sys.stderr)
+                    failed = True
+                    continue
+            for line in result.errors[:20]:
+                print(f"skipped {line}", file=sys.stderr)
+            for line in result.warnings[:20]:
+                print(f"ledger: warning: {line}", file=sys.stderr)
+            if len(result.warnings) > 20:
+                print(f"ledger: warning: … and {len(result.warnings) - 20} more", file=sys.stderr)
+            print(
+                f"{name}: {result.rows} rows, {result.appended} calls imported, "
+                f"{result.duplicates} already present, {result.invalid} invalid skipped"
             )
-        start = _when(args.start, "--from") if args.start else None
-        end = _when(args.end, "--to") if args.end else None
-        if args.end and args.run:
-            raise ConfigError("--to goes with --from, not with --run")
-        body = RunAnnotated(labels=labels, run=args.run, start=start, end=end)
-        stream = f"run-{args.run}" if args.run else "run-range"
-        database = await open_checked(settings)
-        try:
-            if args.run and not args.force:
-                await _require_run(database, args.run, settings.reports.run_gap_s)
-            result = await append_events(database, [new_event(body, stream=stream)])
-        finally:
-            await database.dispose()
-        print(f"run.annotated appended at position {result.last_position}")
-        return 0
+    return 2 if failed else 0
 
-    return run_command(main)
+
+@async_command
+async def report_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    zone = parse_zone(settings.reports.tz)
+    selected = filters_from_args(args, zone)
+    table = table_options(args)
+    gap = settings.reports.run_gap_s
+    notes: list[str] = []
+    async with checked_database(settings) as database:
+        if args.kind == "runs":
+            rows: list[msgspec.Struct] = list(
+                await runs_report(database, formula=args.formula, run=args.run, run_gap_s=gap, filters=selected)
+            )
+        elif args.kind == "tickers":
+            rows = list(await tickers_report(database, run=args.run, run_gap_s=gap, filters=selected))
+        elif args.kind == "eras":
+            if not args.by:
+                raise ProjectionError("report eras needs --by LABEL (hardware, model, kind or any annotation label)")
+            eras = eras_report(
+                database, by=args.by, kind=args.run_kind, formula=args.formula, zone=zone, filters=selected
+            )
+            rows = list(await eras)
+            if rows and all(isinstance(row, EraRow) and row.group is None for row in rows):
+                runs = await runs_report(database, run_gap_s=gap, filters=selected)
+                labels = sorted({name for run in runs for name in run.labels} | {"model"})
+                notes.append(
+                    f"no run carries a {args.by} label; the labels runs carry: {', '.join(labels)} "
+                    "(--by model groups by the served model)"
+                )
+        else:
+            days = await daily_report(database, tz=settings.reports.tz, run=args.run, run_gap_s=gap, filters=selected)
+            rows = list(weekday_mean(days)) if args.weekday_mean else list(days)
+        title = f"{args.kind} ({settings.reports.tz})" if args.kind == "daily" else args.kind
+        title = f"eras by {args.by}" if args.kind == "eras" else title
+        print_rows(rows, args.output_format, title=title, zone=zone, **table)
+        if args.output_format == "table" and args.kind in ("runs", "eras") and rows:
+            print_table_notes(args, rows, notes)
+    return 0
+
+
+@async_command
+async def rebuild_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    names = args.names or sorted(PROJECTIONS)
+    for name in names:  # every name checked before the first rebuild starts
+        projection_named(name)
+    async with checked_database(settings) as database:
+        for name in names:
+            with progress("events") as bar:
+                task = bar.add_task(f"rebuild {name}", total=None)
+                promoted = await rebuild_projection(
+                    database,
+                    name,
+                    formula=args.formula if name == "calls" else None,
+                    keep_old=args.keep_old,
+                    workers=args.workers,
+                    progress=advance(bar, task),
+                    stage=stage(bar, task, f"rebuild {name}"),
+                )
+            print(
+                f"{name}: version {promoted.version} promoted at position {promoted.head_position} "
+                f"(formula {promoted.formula}, digest {promoted.digest})"
+            )
+    return 0
+
+
+@async_command
+async def projections_run_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    async with checked_database(settings) as database:
+        if args.follow:
+            freeze_startup_heap()
+            await follow_projections(database)
+        checkpoints = await catch_up_all(database)
+    for name, position in sorted(checkpoints.items()):
+        print(f"{name}: caught up to position {position}")
+    return 0
+
+
+@async_command
+async def projections_status_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    async with checked_database(settings) as database:
+        rows = await projection_status(database)
+    print_rows(rows, args.output_format, title="projections")
+    return 0
+
+
+@async_command
+async def recompute_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    async with checked_database(settings) as database:
+        rows = await recompute_report(database, args.formula, run_gap_s=settings.reports.run_gap_s)
+        promoted = await set_formula(database, args.formula) if args.promote else None
+    print_rows(rows, args.output_format, title=f"recompute with {args.formula}")
+    if promoted is not None:
+        print(f"default formula is now {promoted.formula} (calls version {promoted.version})", file=sys.stderr)
+    return 0
+
+
+@async_command
+async def annotate_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    labels = _pairs(args.label, "--label")
+    for key in ("hardware", "model", "kind"):
+        if getattr(args, key):
+            labels[key] = getattr(args, key)
+    labels.update(_price_labels(args.price_per_hour, args.currency))
+    if not labels:
+        raise ConfigError(
+            "nothing to annotate: give --hardware, --model, --kind, --price-per-hour P --currency C "
+            "or --label NAME=VALUE"
+        )
+    start = _when(args.start, "--from") if args.start else None
+    end = _when(args.end, "--to") if args.end else None
+    if args.end and args.run:
+        raise ConfigError("--to goes with --from, not with --run")
+    body = RunAnnotated(labels=labels, run=args.run, start=start, end=end)
+    stream = f"run-{args.run}" if args.run else "run-range"
+    async with checked_database(settings) as database:
+        if args.run and not args.force:
+            await _require_run(database, args.run, settings.reports.run_gap_s)
+        result = await append_events(database, [new_event(body, stream=stream)])
+    print(f"run.annotated appended at position {result.last_position}")
+    return 0
 
 
 def _price_labels(price: str | None, currency: str | None) -> dict[str, str]:
@@ -328,27 +281,22 @@ async def _require_run(database: Database, run: str, run_gap_s: float) -> None:
         ) from None
 
 
-def retag_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        tags = _pairs(args.tag, "--tag")
-        if args.run is None and not tags and not args.remove_tag:
-            raise ConfigError("nothing to change: give --run, --tag NAME=VALUE or --remove-tag NAME")
-        if not args.reason.strip():
-            raise ConfigError("--reason must say why the call is retagged")
-        database = await open_checked(settings)
-        try:
-            await get_call(database, args.call_id)
-            body = CallRetagged(
-                call_id=args.call_id, reason=args.reason, run=args.run, tags=tags, removed_tags=args.remove_tag
-            )
-            result = await append_events(database, [new_event(body, stream=call_stream(args.call_id))])
-        finally:
-            await database.dispose()
-        print(f"call.retagged appended at position {result.last_position}")
-        return 0
-
-    return run_command(main)
+@async_command
+async def retag_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    tags = _pairs(args.tag, "--tag")
+    if args.run is None and not tags and not args.remove_tag:
+        raise ConfigError("nothing to change: give --run, --tag NAME=VALUE or --remove-tag NAME")
+    if not args.reason.strip():
+        raise ConfigError("--reason must say why the call is retagged")
+    async with checked_database(settings) as database:
+        await get_call(database, args.call_id)
+        body = CallRetagged(
+            call_id=args.call_id, reason=args.reason, run=args.run, tags=tags, removed_tags=args.remove_tag
+        )
+        result = await append_events(database, [new_event(body, stream=call_stream(args.call_id))])
+    print(f"call.retagged appended at position {result.last_position}")
+    return 0
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -364,10 +312,9 @@ def export_command(args: argparse.Namespace) -> int:
         return 2
 
     async def main() -> int:
-        settings = _settings(args)
+        settings = logged_settings(args, "tz", "run_gap_s")
         selected = filters_from_args(args, parse_zone(settings.reports.tz))
-        database = await open_checked(settings)
-        try:
+        async with checked_database(settings) as database:
             done = await export_calls(
                 database,
                 fmt=args.output_format,
@@ -378,8 +325,6 @@ def export_command(args: argparse.Namespace) -> int:
                 filters=selected,
                 since_position=args.since_position,
             )
-        finally:
-            await database.dispose()
         where = f" to {args.output}" if args.output else ""
         print(
             f"{done.calls} calls written{where}; read model at position {done.position}: "
@@ -391,58 +336,48 @@ def export_command(args: argparse.Namespace) -> int:
     return run_command(main)
 
 
-def show_call_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        table = table_options(args)
-        database = await open_checked(settings)
-        try:
-            detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
-        finally:
-            await database.dispose()
-        if args.output_format == "json":
-            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
-            return 0
-        zone = ZoneInfo(settings.reports.tz)
-        print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone, record=True, **table)
-        for event in detail.events:
-            print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
-        for label, body in (("request", detail.request), ("response", detail.response)):
-            if body is not None:
-                print(f"--- {label} body ({body.blob}) ---")
-                lines = body_lines(body.text, width=terminal_width(), full=args.full) if body.text is not None else []
-                print("\n".join(lines) if body.text is not None else f"[{body.error}]")
+@async_command
+async def show_call_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    table = table_options(args)
+    async with checked_database(settings) as database:
+        detail = await show_call(database, args.call_id, bodies=not args.no_bodies)
+    if args.output_format == "json":
+        sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
         return 0
+    zone = ZoneInfo(settings.reports.tz)
+    print_rows([detail.call], "table", title=f"call {args.call_id}", zone=zone, record=True, **table)
+    for event in detail.events:
+        print(f"{event.position:>10}  {event.occurred_at.astimezone(zone).isoformat()}  {event.type}")
+    for label, body in (("request", detail.request), ("response", detail.response)):
+        if body is not None:
+            print(f"--- {label} body ({body.blob}) ---")
+            lines = body_lines(body.text, width=terminal_width(), full=args.full) if body.text is not None else []
+            print("\n".join(lines) if body.text is not None else f"[{body.error}]")
+    return 0
 
-    return run_command(main)
 
-
-def show_run_command(args: argparse.Namespace) -> int:
-    async def main() -> int:
-        settings = _settings(args)
-        zone = parse_zone(settings.reports.tz)
-        table = table_options(args)
-        offset = page_offset(args)
-        database = await open_checked(settings)
-        try:
-            detail = await show_run(
-                database,
-                args.run,
-                formula=args.formula,
-                run_gap_s=settings.reports.run_gap_s,
-                offset=offset,
-                limit=args.limit,
-            )
-        finally:
-            await database.dispose()
-        if args.output_format == "json":
-            sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
-            return 0
-        print_rows([detail.run], "table", title=f"run {args.run}", zone=zone, record=True)
-        print_rows(detail.tickers, "table", title="tickers")
-        if detail.calls is not None:
-            print_rows(detail.calls.items, "table", title="calls", zone=zone, **table)
-            print(page_line(detail.calls, args.limit))
+@async_command
+async def show_run_command(args: argparse.Namespace) -> int:
+    settings = logged_settings(args, "tz", "run_gap_s")
+    zone = parse_zone(settings.reports.tz)
+    table = table_options(args)
+    offset = page_offset(args)
+    async with checked_database(settings) as database:
+        detail = await show_run(
+            database,
+            args.run,
+            formula=args.formula,
+            run_gap_s=settings.reports.run_gap_s,
+            offset=offset,
+            limit=args.limit,
+        )
+    if args.output_format == "json":
+        sys.stdout.buffer.write(_encoder.encode(detail) + b"\n")
         return 0
-
-    return run_command(main)
+    print_rows([detail.run], "table", title=f"run {args.run}", zone=zone, record=True)
+    print_rows(detail.tickers, "table", title="tickers")
+    if detail.calls is not None:
+        print_rows(detail.calls.items, "table", title="calls", zone=zone, **table)
+        print(page_line(detail.calls, args.limit))
+    return 0

@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 import msgspec
 
 from usage_ledger.answers import BodySelection, plan_erasure
-from usage_ledger.commands.support import open_checked, run_command, settings_from_args
+from usage_ledger.commands.support import async_command, checked_database, settings_from_args
 from usage_ledger.ledger import ERASE_BATCH, ConfigError, Database, erase_bodies, reclaim_space
 
 __all__ = ("Erased", "erase_older", "erase_selected", "parse_before", "redact_selected")
@@ -102,26 +102,21 @@ def parse_before(text: str) -> datetime:
     return moment
 
 
-def redact_selected(args: argparse.Namespace) -> int:
+@async_command
+async def redact_selected(args: argparse.Namespace) -> int:
     """`ledger redact --before DATE | --run RUN --reason R [--include-shared] [--dry-run] [--vacuum]`."""
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        if not args.reason.strip():
-            raise ConfigError("--reason must say why the bodies are erased")
-        before = parse_before(args.before) if args.before is not None else None
-        selection = BodySelection(run=args.run, before=before, include_shared=args.include_shared)
-        database = await open_checked(settings)
-        try:
-            erased = await erase_selected(database, selection, args.reason, dry_run=args.dry_run)
-            if args.vacuum and not args.dry_run:
-                await reclaim_space(database)
-        finally:
-            await database.dispose()
-        print(_summary(erased, dry_run=args.dry_run, vacuumed=args.vacuum and not args.dry_run))
-        return 0
-
-    return run_command(main)
+    settings = settings_from_args(args)
+    if not args.reason.strip():
+        raise ConfigError("--reason must say why the bodies are erased")
+    before = parse_before(args.before) if args.before is not None else None
+    selection = BodySelection(run=args.run, before=before, include_shared=args.include_shared)
+    async with checked_database(settings) as database:
+        erased = await erase_selected(database, selection, args.reason, dry_run=args.dry_run)
+        if args.vacuum and not args.dry_run:
+            await reclaim_space(database)
+    print(_summary(erased, dry_run=args.dry_run, vacuumed=args.vacuum and not args.dry_run))
+    return 0
 
 
 def _summary(erased: Erased, *, dry_run: bool, vacuumed: bool) -> str:

@@ -10,8 +10,7 @@ import msgspec
 
 from usage_ledger.answers import audit_run, runs_report
 from usage_ledger.commands.output import print_rows, terminal_width
-from usage_ledger.commands.support import open_checked, run_command, settings_from_args
-from usage_ledger.ledger import configure_logging
+from usage_ledger.commands.support import async_command, checked_database, logged_settings
 from usage_ledger.projections import RunRow
 
 __all__ = ("audit_command", "reconcile_command")
@@ -71,48 +70,36 @@ def _row(run: RunRow) -> ReconcileRow:
     )
 
 
-def reconcile_command(args: argparse.Namespace) -> int:
+@async_command
+async def reconcile_command(args: argparse.Namespace) -> int:
     """Exit 0 when every run checked reconciles, 1 when one does not (2: bad usage)."""
 
-    async def main() -> int:
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        try:
-            runs = await runs_report(database, run=args.run, run_gap_s=settings.reports.run_gap_s)
-        finally:
-            await database.dispose()
-        rows = [_row(r) for r in runs]
-        shown = rows if args.run is not None or args.all else [r for r in rows if r.reconciled is False]
-        only_failing = args.run is None and not args.all
-        print_rows(shown, args.output_format, title="runs that do not reconcile" if only_failing else "reconcile")
-        unchecked = sum(r.reconciled is None for r in rows)
-        if args.output_format == "table" and unchecked and args.run is None:
-            print(f"{unchecked} of {len(rows)} runs could not be checked (--all lists them)", file=sys.stderr)
-        return 1 if any(r.reconciled is False for r in rows) else 0
-
-    return run_command(main)
+    settings = logged_settings(args, "run_gap_s")
+    async with checked_database(settings) as database:
+        runs = await runs_report(database, run=args.run, run_gap_s=settings.reports.run_gap_s)
+    rows = [_row(r) for r in runs]
+    shown = rows if args.run is not None or args.all else [r for r in rows if r.reconciled is False]
+    only_failing = args.run is None and not args.all
+    print_rows(shown, args.output_format, title="runs that do not reconcile" if only_failing else "reconcile")
+    unchecked = sum(r.reconciled is None for r in rows)
+    if args.output_format == "table" and unchecked and args.run is None:
+        print(f"{unchecked} of {len(rows)} runs could not be checked (--all lists them)", file=sys.stderr)
+    return 1 if any(r.reconciled is False for r in rows) else 0
 
 
-def audit_command(args: argparse.Namespace) -> int:
+@async_command
+async def audit_command(args: argparse.Namespace) -> int:
     """Exit 0 when there is nothing to report, 1 when there is (2: bad usage, an unknown run)."""
 
-    async def main() -> int:
-        settings = settings_from_args(args, "run_gap_s")
-        configure_logging(settings.log.log_level, settings.log.log_format)
-        database = await open_checked(settings)
-        try:
-            report = await audit_run(database, args.run, against=args.against, run_gap_s=settings.reports.run_gap_s)
-        finally:
-            await database.dispose()
-        if args.output_format == "json":
-            sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
-        elif report.findings:  # one finding a paragraph: a table cell would cut the values that differ
-            print(f"audit of {report.run}" + (f" against {report.against}" if report.against else ""))
-            for finding in report.findings:
-                print(textwrap.fill(f"{finding.kind}: {finding.detail}", terminal_width(), subsequent_indent="    "))
-        else:
-            print(f"{report.run}: nothing to report")
-        return 1 if report.findings else 0
-
-    return run_command(main)
+    settings = logged_settings(args, "run_gap_s")
+    async with checked_database(settings) as database:
+        report = await audit_run(database, args.run, against=args.against, run_gap_s=settings.reports.run_gap_s)
+    if args.output_format == "json":
+        sys.stdout.buffer.write(msgspec.json.encode(report) + b"\n")
+    elif report.findings:  # one finding a paragraph: a table cell would cut the values that differ
+        print(f"audit of {report.run}" + (f" against {report.against}" if report.against else ""))
+        for finding in report.findings:
+            print(textwrap.fill(f"{finding.kind}: {finding.detail}", terminal_width(), subsequent_indent="    "))
+    else:
+        print(f"{report.run}: nothing to report")
+    return 1 if report.findings else 0

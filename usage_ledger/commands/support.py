@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +21,18 @@ if TYPE_CHECKING:
     from usage_ledger.ledger import Database
     from usage_ledger.settings import Settings
 
-__all__ = ("DEMO_DB_FILE", "Deferred", "add_db_option", "handler", "open_checked", "run_command", "settings_from_args")
+__all__ = (
+    "DEMO_DB_FILE",
+    "Deferred",
+    "add_db_option",
+    "async_command",
+    "checked_database",
+    "handler",
+    "logged_settings",
+    "open_checked",
+    "run_command",
+    "settings_from_args",
+)
 
 DEMO_DB_FILE = "ledger-demo.db"  # `ledger demo`'s ledger, in the directory it runs in
 
@@ -70,6 +83,15 @@ def settings_from_args(args: argparse.Namespace, *names: str) -> Settings:
     return load_settings(os.environ, overrides)
 
 
+def logged_settings(args: argparse.Namespace, *names: str) -> Settings:
+    """`settings_from_args`, with logging configured from them."""
+    from usage_ledger.ledger import configure_logging
+
+    settings = settings_from_args(args, *names)
+    configure_logging(settings.log.log_level, settings.log.log_format)
+    return settings
+
+
 def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run an async command; bad usage, bad input or an unreachable database exit with code 2."""
     from usage_ledger.ledger import LedgerError
@@ -81,6 +103,18 @@ def run_command(main: Callable[[], Coroutine[Any, Any, int]]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def async_command(
+    command: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
+    """A command written as a coroutine, run by `run_command`."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        return run_command(lambda: command(args))
+
+    return run
 
 
 async def open_checked(settings: Settings) -> Database:
@@ -105,6 +139,16 @@ async def open_checked(settings: Settings) -> Database:
         await database.dispose()
         raise
     return database
+
+
+@contextlib.asynccontextmanager
+async def checked_database(settings: Settings) -> AsyncIterator[Database]:
+    """`open_checked`'s database, disposed on the way out."""
+    database = await open_checked(settings)
+    try:
+        yield database
+    finally:
+        await database.dispose()
 
 
 def _default_ledger_hint() -> str:
