@@ -97,18 +97,11 @@ def _content_text(content: Any) -> str | None:
     return None
 
 
-def _message_text(choice: dict[str, Any]) -> str | None:
-    message = choice.get("message")
+def _choice_text(choice: dict[str, Any], member: str) -> str | None:
+    """The text of a choice's `member` (`message`, or a chunk's `delta`); completions' `text` otherwise."""
+    message = choice.get(member)
     if isinstance(message, dict):
         return _content_text(message.get("content"))
-    text = choice.get("text")
-    return text if isinstance(text, str) else None
-
-
-def _delta_text(choice: dict[str, Any]) -> str | None:
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        return _content_text(delta.get("content"))
     text = choice.get("text")
     return text if isinstance(text, str) else None
 
@@ -146,7 +139,7 @@ def assistant_text(body: bytes, content_type: str | None = None) -> str | None:
                 choice = _choice_zero(msgspec.json.decode(data))
             except msgspec.DecodeError:
                 continue
-            text = _delta_text(choice) if choice is not None else None
+            text = _choice_text(choice, "delta") if choice is not None else None
             if text is not None:
                 seen = True
                 pieces.append(text)
@@ -155,7 +148,7 @@ def assistant_text(body: bytes, content_type: str | None = None) -> str | None:
         choice = _choice_zero(msgspec.json.decode(body))
     except msgspec.DecodeError:
         return None
-    return _message_text(choice) if choice is not None else None
+    return _choice_text(choice, "message") if choice is not None else None
 
 
 def _label(value: Any) -> str | None:

@@ -44,7 +44,7 @@ from usage_ledger.ledger import (
     read_blob,
     read_events,
 )
-from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, live_version
+from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, RunRow, live_version
 from usage_ledger.projections.tables import calls
 
 __all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison", "run_column")
@@ -169,6 +169,13 @@ def _latencies(times: Sequence[_CallTimes]) -> tuple[Sample, Sample, Sample]:
     return Sample.of(ttft), Sample.of(tpot), Sample.of(e2e)
 
 
+_OWN = ("run", "throughput_tps")  # the name asked for; every formula's throughput, not the row's
+_FROM_ROW = tuple(
+    name for name in RunComparison.__struct_fields__ if name in RunRow.__struct_fields__ and name not in _OWN
+)
+"""The column's fields copied from the run's report row."""
+
+
 async def run_column(database: Database, run: str, run_gap_s: float, *, refresh: bool) -> RunComparison:
     """One run's column (no audit): NotFound for a run the ledger does not have."""
     (row,) = await runs_report(database, run=run, run_gap_s=run_gap_s, refresh=refresh)  # NotFound if no such run
@@ -183,22 +190,8 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
     ttft, tpot, e2e = _latencies(times)
     return RunComparison(
         run=run,
-        model=row.model,
-        calls=row.calls,
-        failed_calls=row.failed_calls,
-        truncated_calls=row.truncated_calls,
-        tickers=row.tickers,
-        input_tokens=row.input_tokens,
-        output_tokens=row.output_tokens,
-        started_at=row.started_at,
-        ended_at=row.ended_at,
-        wall_s=row.wall_s,
+        **{name: getattr(row, name) for name in _FROM_ROW},
         throughput_tps={name: FORMULAS[name](stats) for name in sorted(FORMULAS)},
-        formula=row.formula,
-        hours_per_100_tickers=row.hours_per_100_tickers,
-        calls_per_ticker=row.calls_per_ticker,
-        tickers_done=row.tickers_done,
-        partial=row.partial,
         in_flight_mean=mean,
         in_flight_max=peak,
         ttft_ms=latency_ms(ttft, "s"),
@@ -207,9 +200,6 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
         e2e_ms=latency_ms(e2e, "s"),
         itl_calls=itl_calls,
         ok_calls=sum(t.ok for t in times),
-        labels=row.labels,
-        server=row.server,
-        cost=row.cost,
     )
 
 
