@@ -18,7 +18,7 @@ import msgspec
 
 from usage_ledger.projections import ProjectionError
 
-__all__ = ("MAX_LINE_BYTES", "Format", "Record", "csv_records", "csv_rows", "detect_format", "jsonl_rows")
+__all__ = ("MAX_LINE_BYTES", "Format", "Record", "csv_records", "csv_rows", "detect_format", "jsonl_rows", "line_of")
 
 Format = Literal["jsonl", "csv"]
 MAX_LINE_BYTES = 1024 * 1024
@@ -171,3 +171,9 @@ def detect_format(path: Path, given: str | None) -> Format:
     if suffix == ".csv":
         return "csv"
     raise ProjectionError(f"{path}: cannot tell the format from the extension; pass --format jsonl or --format csv")
+
+
+def line_of(error: str) -> int:
+    """The line number of a `file:line: reason` error (the file name may itself contain colons)."""
+    number = error.split(": ", 1)[0].rpartition(":")[2]
+    return int(number) if number.isdigit() else 0

@@ -35,7 +35,7 @@ import msgspec
 
 from usage_ledger.imports._identity import NAMESPACE, content_event_id, reconcile_with_ledger
 from usage_ledger.imports._record import RowError, parse_record
-from usage_ledger.imports._rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows
+from usage_ledger.imports._rows import MAX_LINE_BYTES, Format, csv_rows, detect_format, jsonl_rows, line_of
 from usage_ledger.ledger import (
     AppendResult,
     AppendStream,
@@ -231,9 +231,9 @@ async def import_file(
         raise ProjectionError(f"{path}: no such file")
     kind = detect_format(path, fmt)
     source = source or path.name
-    size = _size(path)  # the two passes report progress over twice the file
+    size = path.stat().st_size  # the two passes report progress over twice the file
     checked = await _check(database, path, kind, source, progress, size)
-    errors = sorted(checked.errors, key=_line_of)
+    errors = sorted(checked.errors, key=line_of)
     if errors and not skip_invalid:
         raise ImportFailed(errors)
     async with appending(database) as stream:
@@ -248,7 +248,7 @@ async def import_file(
         duplicates=checked.stored + stream.duplicates,
         invalid=len(errors),
         errors=errors,
-        warnings=sorted(checked.warnings, key=_line_of),
+        warnings=sorted(checked.warnings, key=line_of),
     )
 
 
@@ -291,14 +291,3 @@ async def _send(
     sending = asyncio.create_task(stream.add(batch))
     await asyncio.sleep(0)  # one turn of the loop: the task hands the batch to the appender before the file is read on
     return sending
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size
-
-
-def _line_of(error: str) -> int:
-    """The line number of a `file:line: reason` error (the file name may itself contain colons)."""
-    head = error.split(": ", 1)[0]
-    number = head.rpartition(":")[2]
-    return int(number) if number.isdigit() else 0

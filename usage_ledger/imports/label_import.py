@@ -28,7 +28,7 @@ import msgspec
 from sqlalchemy import select
 
 from usage_ledger.answers import labels_from_ledger, live_versions, parse_where, regex_extractor, run_filter
-from usage_ledger.imports._rows import csv_records
+from usage_ledger.imports._rows import csv_records, line_of
 from usage_ledger.ledger import (
     Database,
     LabelsRecorded,
@@ -283,12 +283,7 @@ async def import_returns(database: Database, path: str | Path) -> Recorded:
     return await _record(database, body, len(returns), await _returns_current(database, returns), [])
 
 
-def _line_of(error: str) -> int:
-    number = error.split(": ", 1)[0].rpartition(":")[2]
-    return int(number) if number.isdigit() else 0
-
-
 def _refuse(errors: list[str]) -> ProjectionError:
-    ordered = sorted(errors, key=_line_of)
+    ordered = sorted(errors, key=line_of)
     more = f"\n... and {len(ordered) - 20} more" if len(ordered) > 20 else ""
     return ImportFailed(ordered, f"{len(ordered)} invalid row(s), nothing imported:\n" + "\n".join(ordered[:20]) + more)
