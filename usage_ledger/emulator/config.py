@@ -37,21 +37,9 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
         + prefill_per_token_s * (prompt tokens prefilled in this step)
 
     `spec_tokens > 0` is the emulated speculative decoding (MTP): each decode step drafts that
-    many tokens and accepts them at `acceptance_rate`. The vLLM server flags keep vLLM's names:
-    `prompt_tokens_details` (`--enable-prompt-tokens-details`), `enable_force_include_usage`,
-    `enable_per_request_metrics`, `per_request_spec_decode_metrics` (`none|summary|detailed`,
-    needs `spec_tokens > 0`, as vLLM needs `--speculative-config`), `enable_auto_tool_choice`
-    with `tool_call_parser` (tools are accepted; the emulator answers with text, never a call).
-    `runner` is vLLM's `--runner`: a `generate` server serves chat, completions and responses, a
-    `pooling` one `/v1/embeddings` only (the other's paths are 404, as in vLLM). `grade_line` starts
-    every chat/completions answer with `Grade: <label>`, seeded (`emulator.grades`; off by default).
-
-    KV cache (vLLM's `CacheConfig`): `kv_cache_size_tokens` is the profile's capacity, what vLLM
-    would size from GPU memory; it holds `kv_cache_size_tokens // block_size` blocks unless
-    `num_gpu_blocks_override` says how many. `block_size` None is vLLM's default (16 on CUDA).
-    `cache_dtype`, `gpu_memory_utilization` are reported in `vllm:cache_config_info` only;
-    `enable_prefix_caching` turns on the prefix-cache lookups (`vllm:prefix_cache_queries_total`;
-    the emulator never finds a hit, see docs/emulator.md).
+    many tokens and accepts them at `acceptance_rate`. The defaults are the `moe` profile. The other
+    fields are vLLM's server and KV-cache flags under vLLM's names (docs/emulator.md says what each
+    changes); `kv_cache_size_tokens` is the capacity vLLM would size from GPU memory.
     """
 
     model: str = "emulator-moe"
@@ -155,21 +143,7 @@ class EmulatorConfig(msgspec.Struct, frozen=True, kw_only=True):
 # preemption (moe: 14 x ~12.3k = ~172k of 262k tokens; dense: 3 x ~12.3k = ~37k of 64k).
 # The seed serves with `--kv-cache-dtype fp8` and prefix caching off.
 PROFILES: dict[str, EmulatorConfig] = {
-    "moe": EmulatorConfig(
-        model="emulator-moe",
-        max_model_len=65536,
-        max_num_seqs=14,
-        max_num_batched_tokens=8192,
-        step_base_s=0.00891,
-        step_per_seq_s=0.000416,
-        step_per_ctx_token_s=1.188e-8,
-        prefill_per_token_s=4.0e-5,
-        spec_tokens=1,
-        acceptance_rate=0.501,
-        kv_cache_size_tokens=262_144,
-        cache_dtype="fp8",
-        enable_prefix_caching=False,
-    ),
+    "moe": EmulatorConfig(),  # the defaults are the moe profile
     "dense": EmulatorConfig(
         model="emulator-dense",
         max_model_len=32768,

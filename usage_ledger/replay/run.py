@@ -9,15 +9,8 @@
     run.annotated               replay_of=RUN on the new run
     compare_replay              RUN and NEW side by side (answers.compare), caught up first
 
-Requests are sent as fast as `concurrency` allows, not at the original's moments: like
-`vllm bench serve --max-concurrency`, on the real workload. The default concurrency is the most
-calls RUN had in flight. Ctrl-C stops dispatching and cancels the calls in flight (the gateway
-records them as client disconnects); whatever finished is committed before the comparison prints;
-a second Ctrl-C stops without waiting. The deadline (`deadline_s`, from the start) stops the same way.
-An upstream that dies mid-replay stops the dispatching once `UNREACHABLE_STREAK` calls in a row found it
-unreachable (the gateway's 502 `upstream_unreachable`): the rest are left not sent, not recorded as failures.
-A call whose upstream sends no byte for `call_timeout_s` fails as `upstream_timeout` (the replay's
-gateway's idle timeout, LEDGER_UPSTREAM_READ_TIMEOUT_S by default).
+Pacing, Ctrl-C, the deadline, an upstream that dies mid-replay and the call timeout behave as
+docs/decide.md ("Replay") says; `UNREACHABLE_STREAK` is the unreachable streak that stops it.
 
 It lives in the composition root, not in `gateway/` (DESIGN §9's first proposal): it reads the
 calls projection (a run's calls, their tags after `call.retagged`) and prints a projections
