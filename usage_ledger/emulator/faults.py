@@ -28,13 +28,6 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
     slow_headers_s: float = 0.0
     status: int | None = None
 
-    @property
-    def any(self) -> bool:
-        return self != _NONE
-
-
-_NONE = Faults()
-
 
 def _count(name: str, value: str | None) -> int:
     if value is None or value == "":

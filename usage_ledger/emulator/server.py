@@ -58,9 +58,6 @@ class RunningEmulator:
         """Finished requests with their emulated timings (same as `GET /emulator/requests`)."""
         return list(self.app.engine.records)
 
-    def metrics_text(self) -> str:
-        return self.app.engine.render_metrics()
-
 
 @contextlib.asynccontextmanager
 async def running_emulator(config: EmulatorConfig | None = None, **overrides: object) -> AsyncIterator[RunningEmulator]:
