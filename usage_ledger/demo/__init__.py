@@ -8,11 +8,8 @@ proportionally fewer tickers so it takes about as long (a run's aggregate throug
 depend on its size). Every rate the ledger records is then that speed × the emulated GPU's, and
 ratios between the boxes are the seed's: MoE ÷ dense ≈ 7.7× aggregate, ≈ 1.7× per-call mean.
 
-Then each box runs its batch once more on about a third of its tickers with another sampling seed. The
-emulators answer with a grade line (`ledger emulate --grade-line`: synthetic, seeded, Hold-heavy),
-so the grades are read from the stored answers into the ledger (`labels import --extract`), with
-synthetic returns per ticker (`returns import`), and the demo ends with `ledger decide`'s report:
-throughput, self-agreement per box, agreement between them, rank IC on the made-up returns.
+Then each box runs its batch once more with another seed, and the demo ends with `ledger decide`
+on the emulators' synthetic grade lines and made-up returns (docs/decide.md, "In the demo").
 
 An existing ledger file is never deleted: the demo's runs are added to it (run names carry the
 second they started, so two demos never merge).
