@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
+import msgspec
 from litestar import Request, Response, Router, get
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException, NotAuthorizedException, NotFoundException
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
 from litestar.params import FromPath, QueryParameter
@@ -107,6 +109,14 @@ Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description=f"calls 
 Limit = Annotated[int, QueryParameter(ge=1, le=MAX_LIMIT, description=f"calls per page, 1..{MAX_LIMIT}")]
 
 
+class _Picked(msgspec.Struct, frozen=True, kw_only=True):
+    """A list's shared query parameters as read: the run under the rule of `projections.text`, the zone's name."""
+
+    run: str | None
+    tz: str
+    filters: CallFilter
+
+
 def split_runs(text: str) -> list[str]:
     """`a=R1,R2` as its runs, each read under the rule of `projections.text` (empty entries dropped)."""
     return [projection_text_or_none(part.strip()) or "" for part in text.split(",") if part.strip()]
@@ -132,87 +142,49 @@ def build_api_routers(
     guarded: list[type[HTTPException]] = [NotAuthorizedException] if admin_token else []
     may_miss = [*guarded, NotFoundException]
 
-    def selected(
-        tz: str | None, since: str | None, until: str | None, model: str | None, status: str | None
-    ) -> CallFilter:
-        zone = parse_zone(settings.tz if tz is None else tz)
+    def picked(
+        run: Run = None,
+        tz: Zone = None,
+        since: Since = None,
+        until: Until = None,
+        model: Model = None,
+        status: Status = None,
+    ) -> _Picked:
+        """The query parameters every list takes, read once: a dependency, so the schema lists them for each."""
+        zone = settings.tz if tz is None else tz
         # empty = no filter, as the schema says (a form sends every field)
-        return parse_filter(
-            zone=zone, since=since or None, until=until or None, model=model or None, status=status or None
+        filters = parse_filter(
+            zone=parse_zone(zone), since=since or None, until=until or None, model=model or None, status=status or None
         )
+        return _Picked(run=projection_text_or_none(run), tz=zone, filters=filters)
 
     @get("/runs", raises=may_miss)
-    async def runs(
-        formula: Formula = None,
-        run: Run = None,
-        tz: Zone = None,
-        since: Since = None,
-        until: Until = None,
-        model: Model = None,
-        status: Status = None,
-    ) -> list[RunRow]:
-        run = projection_text_or_none(run)
-        filters = selected(tz, since, until, model, status)
-        return await runs_report(database, formula=formula, run=run, run_gap_s=gap, refresh=False, filters=filters)
+    async def runs(formula: Formula = None, *, picked: NamedDependency[_Picked]) -> list[RunRow]:
+        return await runs_report(
+            database, formula=formula, run=picked.run, run_gap_s=gap, refresh=False, filters=picked.filters
+        )
 
     @get("/tickers", raises=may_miss)
-    async def tickers(
-        run: Run = None,
-        tz: Zone = None,
-        since: Since = None,
-        until: Until = None,
-        model: Model = None,
-        status: Status = None,
-    ) -> list[TickerRow]:
-        run = projection_text_or_none(run)
-        filters = selected(tz, since, until, model, status)
-        return await tickers_report(database, run=run, run_gap_s=gap, refresh=False, filters=filters)
+    async def tickers(picked: NamedDependency[_Picked]) -> list[TickerRow]:
+        return await tickers_report(database, run=picked.run, run_gap_s=gap, refresh=False, filters=picked.filters)
 
-    async def days(
-        tz: str | None, run: str | None, since: str | None, until: str | None, model: str | None, status: str | None
-    ) -> list[DailyRow]:
-        filters = selected(tz, since, until, model, status)
-        zone = settings.tz if tz is None else tz
-        run = projection_text_or_none(run)
-        return await daily_report(database, tz=zone, run=run, run_gap_s=gap, refresh=False, filters=filters)
+    async def days(picked: _Picked) -> list[DailyRow]:
+        return await daily_report(
+            database, tz=picked.tz, run=picked.run, run_gap_s=gap, refresh=False, filters=picked.filters
+        )
 
     @get("/daily", raises=may_miss)
-    async def daily(
-        tz: Zone = None,
-        run: Run = None,
-        since: Since = None,
-        until: Until = None,
-        model: Model = None,
-        status: Status = None,
-    ) -> list[DailyRow]:
-        return await days(tz, run, since, until, model, status)
+    async def daily(picked: NamedDependency[_Picked]) -> list[DailyRow]:
+        return await days(picked)
 
     @get("/daily/weekday-mean", raises=may_miss)
-    async def daily_weekday_mean(
-        tz: Zone = None,
-        run: Run = None,
-        since: Since = None,
-        until: Until = None,
-        model: Model = None,
-        status: Status = None,
-    ) -> list[WeekdayRow]:
-        return weekday_mean(await days(tz, run, since, until, model, status))
+    async def daily_weekday_mean(picked: NamedDependency[_Picked]) -> list[WeekdayRow]:
+        return weekday_mean(await days(picked))
 
     @get("/calls", raises=may_miss)
-    async def calls(
-        run: Run = None,
-        offset: Offset = 0,
-        limit: Limit = 100,
-        tz: Zone = None,
-        since: Since = None,
-        until: Until = None,
-        model: Model = None,
-        status: Status = None,
-    ) -> CallsPage:
-        run = projection_text_or_none(run)
-        filters = selected(tz, since, until, model, status)
+    async def calls(picked: NamedDependency[_Picked], offset: Offset = 0, limit: Limit = 100) -> CallsPage:
         return await calls_page(
-            database, run=run, offset=offset, limit=limit, run_gap_s=gap, refresh=False, filters=filters
+            database, run=picked.run, offset=offset, limit=limit, run_gap_s=gap, refresh=False, filters=picked.filters
         )
 
     @get("/calls/{call_id:str}", raises=may_miss)
@@ -234,6 +206,7 @@ def build_api_routers(
         Router(
             path="/",
             route_handlers=[runs, tickers, daily, daily_weekday_mean, calls, call, decision],
+            dependencies={"picked": Provide(picked, sync_to_thread=False)},
             exception_handlers={ProjectionError: error_response},
             tags=["projections"],
         )
