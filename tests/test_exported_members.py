@@ -209,6 +209,7 @@ EXPORTED = {
     ],
     "answers": [
         "Agreement",
+        "Body",
         "BodySelection",
         "CallFilter",
         "Comparison",

@@ -26,7 +26,7 @@ from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, GroupFigures,
 from usage_ledger.answers.decide_answers import RunAnswer, key_answers
 from usage_ledger.answers.decide_evidence import ICSeries
 from usage_ledger.answers.eras import EraRow, era_of, eras_report, group_of
-from usage_ledger.answers.export import export_calls, show_call, show_run
+from usage_ledger.answers.export import Body, export_calls, show_call, show_run
 from usage_ledger.answers.filters import (
     NO_FILTER,
     STATUS_PATTERN,
@@ -55,6 +55,7 @@ __all__ = (
     "WHEN_SCHEMA",
     "ZONE_NAMES",
     "Agreement",
+    "Body",
     "BodySelection",
     "CallFilter",
     "Comparison",

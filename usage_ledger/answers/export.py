@@ -34,7 +34,7 @@ from usage_ledger.projections import (
     read_checkpoint,
 )
 
-__all__ = ("CallDetail", "EventView", "Exported", "RunDetail", "export_calls", "show_call", "show_run")
+__all__ = ("Body", "CallDetail", "EventView", "Exported", "RunDetail", "export_calls", "show_call", "show_run")
 
 EXPORT_FIELDS: tuple[str, ...] = CallView.__struct_fields__
 _encoder = msgspec.json.Encoder()
@@ -44,6 +44,7 @@ class Body(msgspec.Struct, frozen=True, kw_only=True):
     blob: str
     text: str | None = None
     error: str | None = None
+    """Why there is no text: redacted, or never stored (the ledger's own message)."""
 
 
 class EventView(msgspec.Struct, frozen=True, kw_only=True):
@@ -184,9 +185,10 @@ async def _body(conn: Any, digest: str | None) -> Body | None:
     return Body(blob=digest, text=data.decode("utf-8", errors="replace"))
 
 
-async def show_call(database: Database, call_id: str, *, bodies: bool = True) -> CallDetail:
-    """A call's row, its events and (decompressed) request and response bodies."""
-    view = await get_call(database, call_id)
+async def show_call(database: Database, call_id: str, *, bodies: bool = True, refresh: bool = True) -> CallDetail:
+    """A call's row, its events and (decompressed) request and response bodies: `ledger show call` and the
+    dashboard's call page (`refresh=False` where `ledger serve` keeps the projections current)."""
+    view = await get_call(database, call_id, refresh=refresh)
     async with database.engine.connect() as conn:
         history = [
             EventView(

@@ -15,14 +15,15 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from usage_ledger.answers import (
     NO_FILTER,
+    Body,
     CallFilter,
     filter_clauses,
-    get_call,
     iter_calls,
     live_versions,
     run_filter,
+    show_call,
 )
-from usage_ledger.ledger import BlobNotFound, Database, ServerSampled, call_stream, read_blob, read_stream
+from usage_ledger.ledger import Database, ServerSampled
 from usage_ledger.projections import CALL_STATUSES, CallView, NotFound, RunRow, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
@@ -152,38 +153,35 @@ async def call_facets(database: Database) -> Facets:
         return Facets(models=sorted(m for m in models.scalars() if m), statuses=list(CALL_STATUSES))
 
 
-def _pretty(payload: str) -> str:
+def _pretty(payload: bytes) -> str:
     """The stored JSON indented for reading (the ledger keeps the exact bytes; this is only a view)."""
     try:
-        return msgspec.json.format(payload, indent=2)
+        return msgspec.json.format(payload, indent=2).decode()
     except msgspec.DecodeError:
-        return payload
+        return payload.decode()
 
 
-async def _body(conn: AsyncConnection, digest: str | None) -> BodyView | None:
-    if digest is None:
+def _clipped(body: Body | None) -> BodyView | None:
+    """A body as the page shows it: its start only when longer than MAX_BODY_CHARS."""
+    if body is None:
         return None
-    try:
-        data = await read_blob(conn, digest)
-    except BlobNotFound as exc:
-        return BodyView(blob=digest, missing=str(exc))
-    text = data.decode("utf-8", errors="replace")
-    return BodyView(blob=digest, text=text[:MAX_BODY_CHARS], truncated=len(text) > MAX_BODY_CHARS)
+    if body.text is None:
+        return BodyView(blob=body.blob, missing=body.error)
+    return BodyView(blob=body.blob, text=body.text[:MAX_BODY_CHARS], truncated=len(body.text) > MAX_BODY_CHARS)
 
 
 async def call_detail(database: Database, call_id: str, *, bodies: bool) -> CallDetail:
     """A call's row, its ledger events and, when `bodies`, its request and response bodies."""
-    view = await get_call(database, call_id, refresh=False)
-    async with database.engine.connect() as conn:
-        history = [
-            EventRow(position=e.position, type=e.type, occurred_at=e.occurred_at, payload=_pretty(e.payload))
-            for e in await read_stream(conn, call_stream(call_id))
-        ]
-        if not bodies:
-            return CallDetail(call=view, events=history, bodies_shown=False)
-        request = await _body(conn, view.request_blob)
-        response = await _body(conn, view.response_blob)
-    return CallDetail(call=view, events=history, request=request, response=response)
+    shown = await show_call(database, call_id, bodies=bodies, refresh=False)
+    history = [
+        EventRow(position=e.position, type=e.type, occurred_at=e.occurred_at, payload=_pretty(bytes(e.payload)))
+        for e in shown.events
+    ]
+    if not bodies:
+        return CallDetail(call=shown.call, events=history, bodies_shown=False)
+    return CallDetail(
+        call=shown.call, events=history, request=_clipped(shown.request), response=_clipped(shown.response)
+    )
 
 
 async def run_calls(database: Database, run: str, *, run_gap_s: float) -> list[CallView]:
