@@ -4,6 +4,8 @@ Decoding a stored payload into these (unknown fields ignored) is several times c
 full `ledger.events` union, which matters when a rebuild reads millions of events. They are `gc=False`
 (decoded JSON holds no reference cycles): the collector no longer walks a page's 50,000 of them on every
 pass (`bench/rebuild.py --calls 100000 --keep`: rebuild CPU 4.1-4.2 -> 4.0 s).
+Each field is one of its event's (`ledger.events`), of a type that holds the event's values:
+tests/projections/test_slim_shapes.py fails when they part.
 """
 
 from __future__ import annotations
