@@ -18,8 +18,8 @@ from urllib.parse import unquote
 import httptools
 import structlog
 
-from usage_ledger.gateway._http.exchange import Exchange, Request, status_line
-from usage_ledger.gateway._http.guard import BODY, BUSY, HEAD, IDLE, GuardedConnection
+from usage_ledger.gateway._http.exchange import Exchange, Request
+from usage_ledger.gateway._http.guard import BUSY, HEAD, ConnectionGuard
 from usage_ledger.gateway._http.state import ServerState
 from usage_ledger.gateway.errors import BodyTooLarge, GatewayBusy, GatewayError, error_body
 from usage_ledger.gateway.limits import MAX_HEAD_BYTES
@@ -33,11 +33,10 @@ _HEAD_TOO_LARGE = f"the request line and headers exceed {MAX_HEAD_BYTES} bytes"
 _ERROR_CODES = {400: "bad_request", 408: "request_timeout", 431: "headers_too_large", 503: "gateway_busy"}
 
 
-class HttpConnection(GuardedConnection):
+class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests, runs them one at a time, writes their responses."""
 
     def __init__(self, server: ServerState) -> None:
-        super().__init__()
         self.server = server
         self.limits = server.limits
         self.loop = server.loop
@@ -63,6 +62,10 @@ class HttpConnection(GuardedConnection):
         """Heads completed and body pieces handed over on this connection (tells whether a read made no step)."""
         self.client: tuple[str, int] | None = None
         self.local: tuple[str, int] | None = None
+        self.body_ticket: int | None = None
+        """The body under way's entry in `ServerState.bodies` (by its pace), once it took more than one read."""
+        self.guard = ConnectionGuard(self, server)
+        """Its phase, timeouts and closing (for room, after an error answer)."""
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -70,15 +73,12 @@ class HttpConnection(GuardedConnection):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         server = self.server
         if len(server.connections) >= self.limits.max_connections and not server.make_room():
-            self._refuse()
+            self.guard.refuse()
             return
         self.client = _address(transport.get_extra_info("peername"))
         self.local = _address(transport.get_extra_info("sockname"))
         server.connections.add(self)
-        now = self.loop.time()
-        server.waiting[self] = now
-        self.deadline = now + self.limits.head_timeout_s
-        self._schedule(self.deadline)
+        server.waiting[self] = self.guard.wait(self.limits.head_timeout_s)
 
     def data_received(self, data: bytes) -> None:
         if self.bad_request is not None:
@@ -87,13 +87,13 @@ class HttpConnection(GuardedConnection):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._malformed("protocol upgrades (e.g. WebSocket) and CONNECT are not supported by the gateway")
+            self.malformed("protocol upgrades (e.g. WebSocket) and CONNECT are not supported by the gateway")
             return
         except httptools.HttpParserError as exc:
             if isinstance(exc.__context__, _HeadTooLarge):
                 self._head_too_large()
             else:
-                self._malformed(f"malformed HTTP request: {exc}")
+                self.malformed(f"malformed HTTP request: {exc}")
             return
         if self.parsing is not None and self.steps == steps:
             # a read that ends inside a request without completing its head or handing over a body byte: all of it
@@ -104,36 +104,28 @@ class HttpConnection(GuardedConnection):
             if self.head_received > MAX_HEAD_BYTES:
                 self._head_too_large()
                 return
-        phase = self.phase
-        if phase == BODY:
-            now = self.last_read = self.loop.time()
-            self._schedule(self._body_due())
-            if self.body_ticket is None and (pace := self.pace(now)) is not None:
-                self.server.body_begun(self, pace)
-        elif phase == HEAD:
-            self._schedule(self.deadline)
+        now = self.guard.read()
+        if now is not None and self.body_ticket is None and (pace := self.guard.pace(now)) is not None:
+            self.server.body_begun(self, pace)
         if len(self.requests) > 1 and not self.read_paused and self.transport is not None:
             self.read_paused = True  # a pipelined request waits for its turn: read no further ahead
             self.transport.pause_reading()
-        self._dispatch()
+        self.dispatch()
 
     def eof_received(self) -> bool | None:
         return None  # the transport closes; a response in progress is abandoned (as uvicorn does)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()
-        server = self.server
-        if self.lingering:
-            server.lingering -= 1
-        if self.refused:
+        if self.guard.closed():
             return
+        server = self.server
         server.connection_closed(self)
         for request in self.requests:
             server.release_body(request)
         if self.parsing is not None:
             server.release_body(self.parsing)
-        self._wake()
+        self.wake()
         exchange = self.exchange
         if exchange is not None and not exchange.ended:
             exchange.paused(False)
@@ -151,18 +143,14 @@ class HttpConnection(GuardedConnection):
         self.write_paused = False
         if self.exchange is not None:
             self.exchange.paused(False)
-        self._wake()
+        self.wake()
 
     # -- httptools callbacks -------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.parsing = Request()
         self.url = b""
         self.head_bytes = 0
-        self.phase = HEAD
-        if self.fresh:
-            self.fresh = False  # the deadline set at the connection's start stands
-        else:
-            self.deadline = self.loop.time() + self.limits.head_timeout_s
+        self.guard.head_begun()
 
     def on_url(self, url: bytes) -> None:
         self._count_head(len(url))
@@ -171,7 +159,7 @@ class HttpConnection(GuardedConnection):
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.parsing is not None
         self._count_head(len(name) + len(value))
-        if self.phase == HEAD:  # after the head: a chunked body's trailer fields, dropped (never headers: #52)
+        if self.guard.phase == HEAD:  # after the head: a chunked body's trailer fields, dropped (never headers: #52)
             self.parsing.headers.append((name.lower(), value))
 
     def _count_head(self, size: int) -> None:
@@ -187,8 +175,7 @@ class HttpConnection(GuardedConnection):
         self.head_received = 0
         self.body_ticket = None  # a new body: listed by its pace if it takes more than this read
         request.received = time.time()
-        self.phase = BODY
-        self.last_read = self.body_since = self.loop.time()
+        self.guard.body_begun()
         self.server.waiting.pop(self, None)  # a request is under way: no longer the first to close for room
         request.method = parser.get_method().decode("ascii")
         request.http_version = parser.get_http_version()
@@ -243,7 +230,7 @@ class HttpConnection(GuardedConnection):
             )
         request.parts = []
         server.release_body(request)
-        self._wake()  # a handler waiting for this body answers the refusal now
+        self.wake()  # a handler waiting for this body answers the refusal now
 
     def on_message_complete(self) -> None:
         request = self.parsing
@@ -253,12 +240,12 @@ class HttpConnection(GuardedConnection):
         request.parts = []
         request.complete = True
         self.parsing = None
-        self.phase = BUSY
+        self.guard.phase = BUSY
         if self.requests and self.requests[0] is request and self.task is not None and self.exchange is None:
-            self._wake()
+            self.wake()
 
     # -- requests ------------------------------------------------------------------------------
-    def _dispatch(self) -> None:
+    def dispatch(self) -> None:
         """Start the next request if none is running."""
         if self.task is None and self.requests and not self.closed:
             task = self.task = self.loop.create_task(self._run(self.requests[0]))
@@ -266,7 +253,7 @@ class HttpConnection(GuardedConnection):
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Wake `_wait`: the body arrived, the client reads again, or the connection is gone."""
         waiter = self.drain_waiter
         if waiter is not None and not waiter.done():
@@ -320,7 +307,7 @@ class HttpConnection(GuardedConnection):
             self.abort()  # the handler returned without a complete response
             return
         if not request.complete:
-            self._close_lingering()  # the client may still be sending the body: let it read the answer
+            self.guard.close_lingering()  # the client may still be sending the body: let it read the answer
             return
         if not exchange.keep_alive:
             self.close()
@@ -333,18 +320,14 @@ class HttpConnection(GuardedConnection):
             return
         if self.read_paused and len(self.requests) <= 1 and self.transport is not None:
             self.read_paused = False
-            self.last_read = self.body_since = self.loop.time()  # a paused body was not the client's delay
+            self.guard.resumed()
             self.transport.resume_reading()
         if self.requests:
-            self._dispatch()
+            self.dispatch()
         elif self.parsing is None:
-            self.phase = IDLE
-            now = self.loop.time()
-            self.deadline = now + self.limits.keepalive_idle_s
-            self._schedule(self.deadline)
             waiting = self.server.waiting
             waiting.pop(self, None)
-            waiting[self] = now  # the most recent to wait: the last to be closed for room
+            waiting[self] = self.guard.wait(self.limits.keepalive_idle_s)  # the last to be closed for room
 
     async def _wait(self) -> None:
         waiter = self.loop.create_future()
@@ -375,15 +358,23 @@ class HttpConnection(GuardedConnection):
     def idle(self) -> bool:
         return self.task is None and not self.requests and self.parsing is None
 
+    def pace(self, now: float) -> float | None:
+        """`ServerState` asks when the body under way would be at the minimum rate (`ConnectionGuard.pace`)."""
+        return self.guard.pace(now)
+
+    def shed(self) -> None:
+        """`ServerState` closes it for room (`ConnectionGuard.shed`)."""
+        self.guard.shed()
+
     @property
     def stopping(self) -> bool:
         """The server is shutting down: responses close their connection."""
         return self.server.closing
 
     # -- errors, limits and timers -------------------------------------------------------------
-    def _malformed(self, reason: str) -> None:
+    def malformed(self, reason: str) -> None:
         self.bad_request = reason
-        self.phase = BUSY
+        self.guard.phase = BUSY
         if self.transport is not None and not self.read_paused:
             self.read_paused = True
             self.transport.pause_reading()
@@ -392,26 +383,22 @@ class HttpConnection(GuardedConnection):
             self.server.release_body(self.parsing)
         self.parsing = None
         if self.task is not None:
-            self._wake()  # a handler waiting for the body of the request that failed answers now
+            self.wake()  # a handler waiting for the body of the request that failed answers now
             return  # else answered once the request in progress is
         if self.requests:
-            self._dispatch()  # complete requests that came before the bad bytes are answered first
+            self.dispatch()  # complete requests that came before the bad bytes are answered first
         else:
             self._answer_bad_request()
 
     def _head_too_large(self) -> None:
         self.bad_status = 431
-        self._malformed(_HEAD_TOO_LARGE)
+        self.malformed(_HEAD_TOO_LARGE)
 
     def _answer_bad_request(self) -> None:
         reason = self.bad_request or "malformed HTTP request"
         status = self.bad_status
         body = error_body(reason, kind="invalid_request_error", code=_ERROR_CODES.get(status, "bad_request"))
-        head = (
-            status_line(status) + b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n"
-        )
-        self.write(head % len(body) + body)
-        self._close_lingering()
+        self.guard.answer_and_close(status, body)
 
 
 class _HeadTooLarge(Exception):
