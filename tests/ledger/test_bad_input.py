@@ -15,6 +15,7 @@ from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger.db import open_database
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.spool import Spool, SpoolRecord
+from usage_ledger.ledger.sqlite_append import SqliteAppender
 from usage_ledger.projections.settings import ReportSettings
 from usage_ledger.settings import Settings, load_settings
 
@@ -122,8 +123,8 @@ async def test_sqlite_synchronous_setting_reaches_both_connections(tmp_path: Pat
     await upgrade_database(database)
     async with database.engine.connect() as conn:
         assert (await conn.execute(text("PRAGMA synchronous"))).scalar_one() == 1  # NORMAL
-    assert database.sqlite_appender is not None
-    assert database.sqlite_appender.synchronous == "NORMAL"
+    assert isinstance(database.appender, SqliteAppender)
+    assert database.appender.synchronous == "NORMAL"
     await database.dispose()
     with pytest.raises(ConfigError, match="full or normal"):
         open_database("sqlite:///x.db", sqlite_synchronous="off")

@@ -20,6 +20,7 @@ from usage_ledger.ledger.db import Database, open_database
 from usage_ledger.ledger.errors import DatabaseUnavailable
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import iter_events
+from usage_ledger.ledger.sqlite_append import SqliteAppender
 from usage_ledger.ledger.verify import verify_chain
 from usage_ledger.ledger.writer import EventWriter
 
@@ -32,8 +33,8 @@ async def test_background_checkpoints_copy_the_wal_while_appends_and_reads_go_on
     database = open_database(f"sqlite:///{path}")
     await upgrade_database(database)
     size_before = path.stat().st_size
-    appender = database.sqlite_appender
-    assert appender is not None and appender._checkpointer is not None
+    appender = database.appender
+    assert isinstance(appender, SqliteAppender) and appender._checkpointer is not None
 
     async def reader() -> None:
         for _ in range(20):
@@ -80,8 +81,8 @@ async def _long_wal(tmp_path: Path) -> AsyncIterator[_LongWal]:
     path = tmp_path / "l.db"
     database = open_database(f"sqlite:///{path}")
     await upgrade_database(database)
-    appender = database.sqlite_appender
-    assert appender is not None and appender._checkpointer is not None
+    appender = database.appender
+    assert isinstance(appender, SqliteAppender) and appender._checkpointer is not None
     checkpointer = appender._checkpointer
 
     async def checkpoints_done() -> None:
@@ -134,8 +135,8 @@ async def test_the_appender_checkpoints_inline_only_far_behind_and_caches_more_p
     await upgrade_database(database)
     try:
         await append_events(database, call_events(1))
-        appender = database.sqlite_appender
-        assert appender is not None
+        appender = database.appender
+        assert isinstance(appender, SqliteAppender)
 
         def pragmas() -> tuple[int, int]:
             conn = appender._connection()
@@ -183,8 +184,8 @@ async def test_a_transaction_runs_on_the_appender_and_only_a_non_durable_one_ski
     also when its work fails (which rolls it back); appends stay synced."""
     database = open_database(f"sqlite:///{tmp_path / 'ledger.db'}")
     await upgrade_database(database)
-    appender = database.sqlite_appender
-    assert appender is not None
+    appender = database.appender
+    assert isinstance(appender, SqliteAppender)
     synchronous = "PRAGMA synchronous"  # 1 = NORMAL, 2 = FULL
 
     def failing(conn: sqlite3.Connection) -> None:
@@ -210,8 +211,8 @@ async def test_the_appender_thread_outlives_a_cancelled_caller_and_refuses_work_
     started nor stop the thread; results and errors reach the right caller; closing is final."""
     database = open_database(f"sqlite:///{tmp_path / 'ledger.db'}")
     await upgrade_database(database)
-    appender = database.sqlite_appender
-    assert appender is not None
+    appender = database.appender
+    assert isinstance(appender, SqliteAppender)
     release, started = threading.Event(), threading.Event()
 
     def slow(conn: sqlite3.Connection) -> int:

@@ -23,7 +23,8 @@ from usage_ledger.ledger.events import (
 from usage_ledger.ledger.migrate import upgrade_database
 from usage_ledger.ledger.read import head_position, iter_events
 from usage_ledger.ledger.schema import checkpoints, events, head
-from usage_ledger.projections.calls import _sqlite_digest, rows_digest
+from usage_ledger.ledger.sqlite_digest import digest_rows
+from usage_ledger.projections.calls import rows_digest
 from usage_ledger.projections.engine import PROJECTIONS, catch_up, projection_status
 from usage_ledger.projections.rebuild import rebuild_projection, set_formula
 from usage_ledger.projections.tables import calls
@@ -153,7 +154,7 @@ async def test_digest_equals_the_digest_of_typed_rows(database: Database) -> Non
         assert len(rows) == 3
         assert await PROJECTIONS["calls"].digest(conn, version) == await rows_digest(conn, version)
         if database.backend == "sqlite":  # the same with the upper half ('b', 'c') encoded by the child process
-            assert await _sqlite_digest(conn, version, child_from=1) == await rows_digest(conn, version)
+            assert await digest_rows(conn, calls, version, "calls", child_from=1) == await rows_digest(conn, version)
 
 
 @pytest.mark.parametrize("backend_url", ["sqlite"], indirect=True)

@@ -189,7 +189,7 @@ def build_api_routers(
 
     @get("/calls/{call_id:str}", raises=may_miss)
     async def call(call_id: FromPath[str]) -> CallView:
-        if "\x00" in call_id and database.backend == "postgresql":  # its ledger cannot hold such an id
+        if not database.backend_ops.can_hold(call_id):  # its ledger cannot hold such an id
             raise NotFound(f"no call {call_id!r} in the ledger")
         return await get_call(database, call_id, refresh=False)
 

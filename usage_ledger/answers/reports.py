@@ -52,8 +52,6 @@ __all__ = (
 _WEEKDAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # Every UTC offset in use is a multiple of 15 minutes, so a 15-minute UTC bucket lies within one local day.
 _BUCKET_S = 900
-_FIRST_S = int(datetime.min.replace(tzinfo=UTC).timestamp())
-_LAST_S = int(datetime.max.replace(tzinfo=UTC).timestamp())
 
 
 async def live_versions(database: Database, *, refresh: bool = True) -> tuple[int, int, str]:
@@ -243,18 +241,6 @@ async def recompute_report(
     return out
 
 
-def _bucket(conn: AsyncConnection) -> object:
-    if conn.dialect.name == "postgresql":
-        # asyncpg stores the calendar's first instant (0001-01-01T00:00Z, `datetime.min`) as -infinity, whose
-        # epoch no integer holds: clamped to the instant it stands for (and +infinity to the last)
-        epoch = func.greatest(func.least(func.extract("epoch", calls.c.started_at), _LAST_S), _FIRST_S)
-        return cast(func.floor(epoch / _BUCKET_S), BigInteger)
-    # SQLite's `/` and `%` truncate toward zero: subtracting the floored remainder first makes the division exact,
-    # so a call before 1970 lands in its own bucket (not the one after it)
-    epoch_s = cast(func.strftime("%s", calls.c.started_at), BigInteger)
-    return (epoch_s - (epoch_s % _BUCKET_S + _BUCKET_S) % _BUCKET_S) / _BUCKET_S
-
-
 async def daily_report(
     database: Database,
     *,
@@ -277,7 +263,7 @@ async def daily_report(
             if clause is None:
                 raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
             where.append(clause)
-        bucket = _bucket(conn).label("bucket")  # type: ignore[attr-defined]
+        bucket = database.backend_ops.epoch_bucket(calls.c.started_at, _BUCKET_S).label("bucket")
         query = (
             select(
                 bucket,

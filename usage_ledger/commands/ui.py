@@ -29,15 +29,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser.set_defaults(func=_ui)
 
 
-def _missing_sqlite_file(url: str) -> Path | None:
-    """A SQLite ledger file that does not exist (opening it would leave an empty file behind)."""
-    from sqlalchemy.engine import make_url
+def _missing_ledger_file(url: str) -> Path | None:
+    """A ledger file that does not exist (opening it would leave an empty file behind)."""
+    from usage_ledger.ledger import ledger_file
 
-    parsed = make_url(url)
-    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
-        return None
-    path = Path(parsed.database)
-    return None if path.exists() else path
+    file = ledger_file(url)
+    return None if file is None or Path(file).exists() else Path(file)
 
 
 def _ui(args: argparse.Namespace) -> int:
@@ -48,7 +45,7 @@ def _ui(args: argparse.Namespace) -> int:
     async def main() -> int:
         settings = settings_from_args(args, "host")
         configure_logging(settings.log.log_level, settings.log.log_format)
-        missing = _missing_sqlite_file(settings.storage.database_url)
+        missing = _missing_ledger_file(settings.storage.database_url)
         if missing is not None:
             raise LedgerError(
                 f"no ledger at {missing}: give --db URL of an existing ledger (or run `ledger db upgrade`)"

@@ -83,7 +83,7 @@ def admin_guard(token: str | None) -> Any:
 
 async def call_events(call_id: FromPath[str], database: NamedDependency[Database]) -> CallEvents:
     """The ledger events of one call (404 if it has none)."""
-    if "\x00" in call_id and database.backend == "postgresql":  # its stream column cannot hold NUL: no such call
+    if not database.backend_ops.can_hold(call_id):  # its stream column cannot hold such an id: no such call
         raise NotFoundException(f"no call {call_id!r} in the ledger")
     async with database.engine.connect() as conn:
         stored = await read_stream(conn, call_stream(call_id))

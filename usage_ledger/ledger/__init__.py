@@ -6,6 +6,7 @@ Imports nothing of gateway/ or projections/; they import it.
 from __future__ import annotations
 
 from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending, translate_db_error
+from usage_ledger.ledger.backend import Checkpoint
 from usage_ledger.ledger.blobs import (
     Erasure,
     blob_erasures,
@@ -25,7 +26,7 @@ from usage_ledger.ledger.checkpoint import (
 from usage_ledger.ledger.checkpointer import Checkpointer, read_checkpoint_notes, write_checkpoint_file
 from usage_ledger.ledger.chunk_gaps import decode_chunk_gaps, encode_chunk_gaps
 from usage_ledger.ledger.counts import count_problem, plausible_count, usage_problem
-from usage_ledger.ledger.db import Database, open_database
+from usage_ledger.ledger.db import Database, backend_of, ledger_file, open_database
 from usage_ledger.ledger.durable import check_owned, fsync_dir
 from usage_ledger.ledger.erasure import ERASE_BATCH, ErasedBatch, erase_bodies, reclaim_space
 from usage_ledger.ledger.errors import (
@@ -80,7 +81,6 @@ from usage_ledger.ledger.migrate import (
 from usage_ledger.ledger.read import StoredEvent, follow_events, head_position, iter_events, read_events, read_stream
 from usage_ledger.ledger.settings import ENV_PREFIX, LogSettings, StorageSettings
 from usage_ledger.ledger.spool import Spool
-from usage_ledger.ledger.sqlite_append import SqliteWrite
 from usage_ledger.ledger.verify import CLOCK_SKEW, ChainReport, require_head_in_step, snapshot, verify_chain
 from usage_ledger.ledger.verify_ledger import LedgerReport, chain_head, verify_ledger
 from usage_ledger.ledger.version import VERSION
@@ -102,6 +102,7 @@ __all__ = (
     "CallRetagged",
     "CallStarted",
     "ChainReport",
+    "Checkpoint",
     "Checkpointer",
     "ConfigError",
     "Database",
@@ -130,7 +131,6 @@ __all__ = (
     "ServerSampled",
     "Spool",
     "SpoolCorrupt",
-    "SqliteWrite",
     "StorageSettings",
     "StoredEvent",
     "Timings",
@@ -138,6 +138,7 @@ __all__ = (
     "UsageSource",
     "append_events",
     "appending",
+    "backend_of",
     "blob_erasures",
     "blob_hash",
     "blob_redacted_at",
@@ -163,6 +164,7 @@ __all__ = (
     "head_position",
     "head_revision",
     "iter_events",
+    "ledger_file",
     "load_signing_key",
     "load_verifier_key",
     "new_event",

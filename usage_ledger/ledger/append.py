@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
-from typing import Protocol
 
 import msgspec
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+from usage_ledger.ledger.backend import AppenderStream
 from usage_ledger.ledger.blobs import PreparedBlob
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError, first_line
@@ -41,29 +40,17 @@ async def append_events(
     database: Database, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob] = ()
 ) -> AppendResult:
     """Append `batch` (and the bodies it references) in one transaction."""
-    appender = database.sqlite_appender or database.postgres_appender
-    assert appender is not None, "open_database gives every database an appender"
     try:
-        appended, duplicates, last = await appender.append(batch, blobs, utc_now())
+        appended, duplicates, last = await database.appender.append(batch, blobs, utc_now())
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
     return AppendResult(appended=appended, duplicates=duplicates, last_position=last)
 
 
-class _Backend(Protocol):
-    """A backend's open stream (`SqliteStream`, `PostgresStream`)."""
-
-    async def add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]: ...
-
-    async def commit(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
 class AppendStream:
     """The batches of one `appending` block; its totals are final once the block has committed."""
 
-    def __init__(self, backend: _Backend, database: Database) -> None:
+    def __init__(self, backend: AppenderStream, database: Database) -> None:
         self._backend = backend
         self._database = database
         self._failed = False
@@ -100,10 +87,8 @@ async def appending(database: Database) -> AsyncIterator[AppendStream]:
     """One transaction for the batches `add`ed inside the block: committed when the block ends, rolled back
     when it raises (or the process dies first). The write lock (SQLite) or the chain's head (PostgreSQL) is
     held from the first batch (SQLite: from the start) to the commit; other appends wait for it."""
-    appender = database.sqlite_appender or database.postgres_appender
-    assert appender is not None, "open_database gives every database an appender"
     try:
-        backend: _Backend = await appender.stream()
+        backend = await database.appender.stream()
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
     try:

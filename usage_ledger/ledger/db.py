@@ -1,42 +1,43 @@
 """Opening the ledger database from a plain URL, with the project's async drivers and hooks.
 
-`sqlite:///path.db` → aiosqlite, WAL, `BEGIN IMMEDIATE` for writers (serialized appends);
-`postgresql://user@host/db` → asyncpg, appends on their own thread and connection
-(`pg_append.PostgresAppender`). Any other scheme is a `ConfigError`.
+`sqlite:///path.db` → aiosqlite (`backend_sqlite`); `postgresql://user@host/db` → asyncpg
+(`backend_postgresql`). Any other scheme is a `ConfigError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import NullPool
 
+from usage_ledger.ledger.backend import Appender, Backend
+from usage_ledger.ledger.backend_postgresql import POSTGRESQL
+from usage_ledger.ledger.backend_sqlite import SQLITE, WRITER_OPTION
 from usage_ledger.ledger.errors import ConfigError
-from usage_ledger.ledger.pg_append import PostgresAppender
-from usage_ledger.ledger.sqlite_append import SqliteAppender
 
-__all__ = ("Database", "async_url", "open_database")
+__all__ = ("Database", "backend_of", "ledger_file", "open_database")
 
-Backend = Literal["sqlite", "postgresql"]
-
-# execution option a writer sets on its connection: SQLite then begins with BEGIN IMMEDIATE
-WRITER_OPTION = "ledger_writer"
+_BACKENDS: dict[str, Backend] = {"sqlite": SQLITE, "postgresql": POSTGRESQL, "postgres": POSTGRESQL}
+"""Every backend, by the names of its URL schemes and of its SQLAlchemy dialect."""
 
 
 @dataclass(frozen=True, slots=True)
 class Database:
-    """An engine plus what the ledger needs to know about its backend."""
+    """An engine, its backend's ways, and its serialized appender."""
 
     engine: AsyncEngine
-    backend: Backend
     url: str
-    sqlite_appender: SqliteAppender | None = None
-    postgres_appender: PostgresAppender | None = None
+    backend_ops: Backend
+    appender: Appender
+
+    @property
+    def backend(self) -> str:
+        """The backend's name, for messages and logs."""
+        return self.backend_ops.name
 
     @property
     def safe_url(self) -> str:
@@ -49,30 +50,38 @@ class Database:
         return await conn.execution_options(**{WRITER_OPTION: True})
 
     async def dispose(self) -> None:
-        if self.sqlite_appender is not None:
-            self.sqlite_appender.close()
-        if self.postgres_appender is not None:
-            self.postgres_appender.close()
+        self.appender.close()
         await self.engine.dispose()
 
 
-def async_url(url: str) -> tuple[str, Backend]:
-    """Translate a plain database URL into the async-driver URL the project uses."""
+def backend_of(conn: AsyncConnection) -> Backend:
+    """The backend a connection is on."""
+    return _BACKENDS[conn.dialect.name]
+
+
+def _parsed(url: str) -> tuple[URL, Backend]:
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise ConfigError(
             f"cannot parse database URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
         ) from exc
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        return parsed.set(drivername="sqlite+aiosqlite").render_as_string(hide_password=False), "sqlite"
-    if backend in ("postgresql", "postgres"):
-        return parsed.set(drivername="postgresql+asyncpg").render_as_string(hide_password=False), "postgresql"
-    raise ConfigError(
-        f"unsupported database URL scheme {parsed.drivername!r} in {parsed.render_as_string(hide_password=True)}: "
-        "use sqlite:///path.db or postgresql://user@host/db"
-    )
+    backend = _BACKENDS.get(parsed.get_backend_name())
+    if backend is None:
+        raise ConfigError(
+            f"unsupported database URL scheme {parsed.drivername!r} in {parsed.render_as_string(hide_password=True)}: "
+            "use sqlite:///path.db or postgresql://user@host/db"
+        )
+    return parsed, backend
+
+
+def ledger_file(url: str) -> str | None:
+    """The file a URL's ledger lives in; None for a ledger on a server (or in memory, or a URL that is not one)."""
+    try:
+        parsed, backend = _parsed(url)
+    except ConfigError:
+        return None  # reported where the URL is opened
+    return backend.ledger_file(parsed)
 
 
 def open_database(
@@ -92,43 +101,14 @@ def open_database(
     """
     if sqlite_synchronous not in ("full", "normal"):
         raise ConfigError(f"sqlite_synchronous must be full or normal, not {sqlite_synchronous!r}")
-    driver_url, backend = async_url(url)
+    _, backend = _parsed(url)
     kwargs: dict[str, Any] = dict(engine_kwargs)
     if null_pool:
         kwargs["poolclass"] = NullPool
-    if backend == "sqlite":
-        kwargs.setdefault("connect_args", {}).setdefault("timeout", 30)
-    engine = create_async_engine(driver_url, **kwargs)
-    if backend == "sqlite":
-        _install_sqlite_hooks(engine, sqlite_synchronous.upper())
-        appender = SqliteAppender(make_url(driver_url).database or ":memory:", sqlite_synchronous.upper())
-        return Database(engine=engine, backend=backend, url=url, sqlite_appender=appender)
-    # the appender's own connection, from the same URL as the engine's (host, port, user, ssl…)
-    _, connect_kwargs = engine.dialect.create_connect_args(engine.url)
-    safe_url = make_url(url).render_as_string(hide_password=True)
-    pg_appender = PostgresAppender(
-        connect_kwargs,
-        safe_url,
-        lock_timeout_s=pg_lock_timeout_s,
-        idle_in_transaction_timeout_s=pg_idle_in_transaction_timeout_s,
-    )
-    return Database(engine=engine, backend=backend, url=url, postgres_appender=pg_appender)
-
-
-def _install_sqlite_hooks(engine: AsyncEngine, synchronous: str) -> None:
-    # SQLAlchemy's documented recipe: let the driver leave transactions to us, then emit BEGIN
-    # ourselves, IMMEDIATE for writers so appends are serialized from their first statement.
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA synchronous={synchronous}")
-        cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        immediate = conn.get_execution_options().get(WRITER_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+    options = {
+        "sqlite_synchronous": sqlite_synchronous,
+        "pg_lock_timeout_s": pg_lock_timeout_s,
+        "pg_idle_in_transaction_timeout_s": pg_idle_in_transaction_timeout_s,
+    }
+    engine, appender = backend.connect(url, kwargs, options)
+    return Database(engine=engine, url=url, backend_ops=backend, appender=appender)

@@ -9,13 +9,10 @@ age) is the caller's business: the ledger knows bodies, not calls.
 
 from __future__ import annotations
 
-import asyncio
-import sqlite3
 from collections.abc import Sequence
 
 import msgspec
-from sqlalchemy import select, text, update
-from sqlalchemy.engine import make_url
+from sqlalchemy import select, update
 
 from usage_ledger.ledger.append import append_events, translate_db_error
 from usage_ledger.ledger.blobs import blob_erasures, blob_stream
@@ -88,20 +85,6 @@ async def reclaim_space(database: Database) -> None:
     needs free disk of the database's size); PostgreSQL's `VACUUM` makes the blob table's space reusable
     (returning it to the operating system takes `VACUUM FULL`, which locks the table: docs/operations.md)."""
     try:
-        if database.backend == "sqlite":
-            # on a connection of its own: the engine's begin hook would put VACUUM in a transaction, which refuses it
-            await asyncio.to_thread(_sqlite_vacuum, make_url(database.url).database or ":memory:")
-            return
-        async with database.engine.connect() as conn:
-            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")  # VACUUM runs outside a transaction
-            await auto.execute(text("VACUUM ledger_blobs"))
+        await database.backend_ops.reclaim_blob_space(database.engine)
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
-
-
-def _sqlite_vacuum(path: str) -> None:
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-    try:
-        conn.execute("VACUUM")
-    finally:
-        conn.close()

@@ -15,10 +15,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from usage_ledger.ledger.db import Database
+from usage_ledger.ledger.db import Database, ledger_file
 from usage_ledger.ledger.errors import ConfigError, DatabaseUnavailable, SchemaError
 
 __all__ = (
@@ -90,10 +90,8 @@ def downgrade_steps(current: str | None, target: str) -> list[Revision]:
 
 def database_exists(database: Database) -> bool:
     """False for a SQLite file that is not there (PostgreSQL: True, the server says the rest)."""
-    if database.backend != "sqlite":
-        return True
-    path = make_url(database.url).database
-    if not path or path == ":memory:" or path.startswith("file:"):
+    path = ledger_file(database.url)
+    if path is None or path.startswith("file:"):
         return True
     return Path(path).exists()
 

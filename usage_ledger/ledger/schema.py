@@ -50,8 +50,7 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the ledger; pass a timezone-aware datetime")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        return value.astimezone(UTC)  # SQLite's DATETIME stores the wall-clock fields and no offset
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:

@@ -18,6 +18,8 @@ import msgspec
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from usage_ledger.ledger.db import ledger_file
+
 __all__ = ("ENV_PREFIX", "LogSettings", "StorageSettings", "default_state_dir")
 
 ENV_PREFIX = "LEDGER_"
@@ -67,8 +69,8 @@ def default_state_dir(database_url: str) -> Path:
         url = make_url(database_url)
     except ArgumentError:
         url = None  # reported where the URL is opened
-    if url is not None and url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        ledger = Path(url.database)
+    if (file := ledger_file(database_url)) is not None:
+        ledger = Path(file)
         return ledger.with_name(f"{ledger.stem}-state")
     base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     name = "-".join(str(part) for part in (url.host, url.port, url.database) if part) if url is not None else ""

@@ -79,10 +79,7 @@ async def verify_chain(
 async def snapshot(database: Database) -> AsyncConnection:
     """A read connection whose statements all see one snapshot (REPEATABLE READ on PostgreSQL;
     SQLite's BEGIN holds its WAL snapshot from the first read): the events and the head row agree in it."""
-    conn = await database.engine.connect()
-    if database.backend == "postgresql":
-        conn = await conn.execution_options(isolation_level="REPEATABLE READ")
-    return conn
+    return await database.backend_ops.snapshot(await database.engine.connect())
 
 
 async def verify_chain_on(

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 import zstandard
@@ -27,6 +27,7 @@ from sqlalchemy import case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.chain import epoch_micros
+from usage_ledger.ledger.db import backend_of
 from usage_ledger.ledger.events import BlobRedacted, CallFailed, CallFinished, CallStarted, Event
 from usage_ledger.ledger.schema import blobs
 
@@ -172,8 +173,7 @@ async def audit_blobs(
 
 
 async def _blob_rows(conn: AsyncConnection, page_size: int, inline_bytes: int) -> AsyncIterator[_BlobRow]:
-    # byte order on both backends (PostgreSQL's default collation may sort otherwise), as the scratch file sorts
-    key: Any = blobs.c.hash.collate("C") if conn.dialect.name == "postgresql" else blobs.c.hash
+    key = backend_of(conn).byte_order(blobs.c.hash)  # byte order, as the scratch file sorts
     columns = (
         blobs.c.hash,
         blobs.c.size,

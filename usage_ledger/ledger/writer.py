@@ -244,7 +244,7 @@ class EventWriter:
         places: list[tuple[str, str]] = []
         if self.spool is not None:
             places.append(("spool", str(self.spool.directory)))
-        ledger_file = self.database.engine.url.database if self.database.backend == "sqlite" else None
+        ledger_file = self.database.backend_ops.ledger_file(self.database.engine.url)
         if ledger_file:
             places.append(("ledger", os.path.dirname(os.path.abspath(ledger_file))))
         low = []

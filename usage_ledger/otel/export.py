@@ -20,7 +20,6 @@ from typing import Any
 
 import structlog
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import (
@@ -135,7 +134,7 @@ async def read_export_checkpoint(conn: AsyncConnection) -> int:
 
 async def _write_checkpoint(database: Database, position: int) -> None:
     async with database.engine.begin() as conn:
-        insert = (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
+        insert = database.backend_ops.insert
         statement = insert(checkpoints).values(
             projection=CHECKPOINT_NAME, version=1, position=position, updated_at=utc_now()
         )

@@ -7,7 +7,6 @@ rebuild in one pass and incremental application in any split produce identical r
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +15,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger import call_stream
-from usage_ledger.ledger.schema import UTCDateTime
-from usage_ledger.projections._digest_lines import encode_page
-from usage_ledger.projections._sqlite_digest import CHILD_FROM, split_digest
+from usage_ledger.ledger import backend_of, call_stream
 from usage_ledger.projections.call_fold import HANDLED, CallRow, decode_calls, fold_calls
 from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import calls
@@ -36,27 +32,6 @@ _digest_encoder = msgspec.json.Encoder(order="sorted")
 
 _DIGEST_PAGE = 20_000
 _DIGEST_COLUMNS = [c for c in calls.columns if c.name != "version"]
-_TIME_INDEXES = tuple(i for i, c in enumerate(_DIGEST_COLUMNS) if isinstance(c.type, UTCDateTime))
-
-
-def _rfc3339_sql(name: str) -> str:
-    """SQL: a stored SQLite datetime (`YYYY-MM-DD HH:MM:SS.ffffff`, naive UTC) as msgspec encodes it (RFC 3339).
-
-    In that shape the only `.000000` is the fraction; any other stored text is marked with `ODD`.
-    """
-    return (
-        f"CASE WHEN {name} GLOB '????-??-?? ??:??:??.??????' "
-        f"THEN replace(replace({name}, ' ', 'T'), '.000000', '') || 'Z' ELSE char(0) || {name} END"
-    )
-
-
-# `{op}`: a bound on call_id for a half of the rows (`_sqlite_digest`); `1` for all of them
-_SQLITE_DIGEST_RANGE = (
-    "SELECT "
-    + ", ".join(_rfc3339_sql(c.name) if i in _TIME_INDEXES else c.name for i, c in enumerate(_DIGEST_COLUMNS))
-    + f" FROM {calls.name} WHERE version = ? AND call_id {{op}} ? ORDER BY call_id"
-)
-_SQLITE_DIGEST = _SQLITE_DIGEST_RANGE.replace("call_id {op} ?", "1")
 
 
 class CallsProjection:
@@ -97,36 +72,10 @@ class CallsProjection:
     async def digest(self, conn: AsyncConnection, version: int) -> str:
         """SHA-256 over every row of `version` in call-id order (streamed: memory stays flat).
 
-        Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC), one per line.
-        On SQLite the stored datetime text is rewritten to that form in SQL and the rows are read
-        as plain tuples from the driver and encoded a page at a time, which is what decoding each
-        value to a `datetime` and encoding that would give, without the per-value round trip; a
-        big version's upper half is encoded by a child process (`_sqlite_digest`), reading the
-        committed rows.
+        Each row is the msgspec JSON of its column values (datetimes as RFC 3339 UTC), one per line,
+        read through the driver by the backend (`Backend.digest`); `rows_digest` is its reference form.
         """
-        if conn.dialect.name == "sqlite":
-            return await _sqlite_digest(conn, version)
-        return await _pg_digest(conn, version)
-
-
-async def _sqlite_digest(conn: AsyncConnection, version: int, child_from: int = CHILD_FROM) -> str:
-    ledger = conn.engine.url.database
-    assert ledger is not None
-    split = await asyncio.to_thread(
-        split_digest, ledger, _SQLITE_DIGEST_RANGE, version, _TIME_INDEXES, child_from=child_from
-    )
-    if split is not None:
-        return split
-    digest = hashlib.sha256()
-    driver = (await conn.get_raw_connection()).driver_connection
-    assert driver is not None
-    cursor = await driver.execute(_SQLITE_DIGEST, (version,))
-    try:
-        while rows := await cursor.fetchmany(_DIGEST_PAGE):
-            digest.update(encode_page(rows, _TIME_INDEXES))
-    finally:
-        await cursor.close()
-    return digest.hexdigest()
+        return await backend_of(conn).digest(conn, calls, version, self.name)
 
 
 async def rows_digest(conn: AsyncConnection, version: int) -> str:
@@ -141,26 +90,6 @@ async def rows_digest(conn: AsyncConnection, version: int) -> str:
             .limit(_DIGEST_PAGE)
         )
         rows = result.all()
-        digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
-        if len(rows) < _DIGEST_PAGE:
-            return digest.hexdigest()
-        after = rows[-1][0]
-
-
-_PG_DIGEST = (
-    f"SELECT {', '.join(c.name for c in _DIGEST_COLUMNS)} FROM {calls.name} "
-    "WHERE version = $1 AND call_id > $2 ORDER BY call_id LIMIT $3"
-)
-
-
-async def _pg_digest(conn: AsyncConnection, version: int) -> str:
-    """`rows_digest` through asyncpg: the same values (timestamps in UTC, as `UTCDateTime` returns them)."""
-    driver = (await conn.get_raw_connection()).driver_connection
-    assert driver is not None
-    digest = hashlib.sha256()
-    after = ""
-    while True:
-        rows = await driver.fetch(_PG_DIGEST, version, after, _DIGEST_PAGE)
         digest.update(_digest_encoder.encode_lines([tuple(r) for r in rows]))
         if len(rows) < _DIGEST_PAGE:
             return digest.hexdigest()

@@ -13,26 +13,25 @@ Python's lock); rows page N+1 continues are taken from page N's (`unwritten`), n
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
 import structlog
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import (
+    Checkpoint,
     Database,
     DatabaseUnavailable,
     LedgerError,
-    SqliteWrite,
+    backend_of,
     head_position,
     translate_db_error,
     utc_now,
 )
-from usage_ledger.ledger.schema import checkpoints, sqlite_time
+from usage_ledger.ledger.schema import checkpoints
 from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.errors import UnknownProjection
@@ -125,10 +124,6 @@ def projection_named(name: str) -> Projection:
         raise UnknownProjection(f"unknown projection {name!r}; known: {', '.join(sorted(PROJECTIONS))}") from None
 
 
-def _dialect_insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
-    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert
-
-
 async def _pointer(conn: AsyncConnection, name: str) -> tuple[int, str] | None:
     """(live version, formula) of a projection, as its pointer says; None if it has none yet."""
     row = (
@@ -153,7 +148,7 @@ async def ensure_pointer(database: Database, name: str) -> int:
     if found is not None:
         return found[0]
     async with database.engine.begin() as conn:
-        statement = _dialect_insert(conn)(versions).values(
+        statement = database.backend_ops.insert(versions).values(
             name=name, live_version=1, formula=DEFAULT_FORMULA, head_position=0, digest="", promoted_at=utc_now()
         )
         await conn.execute(statement.on_conflict_do_nothing(index_elements=["name"]))
@@ -161,17 +156,17 @@ async def ensure_pointer(database: Database, name: str) -> int:
         return version
 
 
-async def read_checkpoint(conn: AsyncConnection, name: str, version: int, *, lock: bool = False) -> int:
+async def read_checkpoint(conn: AsyncConnection, name: str, version: int) -> int:
     query = select(checkpoints.c.position).where(checkpoints.c.projection == name, checkpoints.c.version == version)
-    if lock and conn.dialect.name == "postgresql":
-        query = query.with_for_update()
     value = (await conn.execute(query)).scalar_one_or_none()
     return int(value) if value is not None else 0
 
 
 async def write_checkpoint(conn: AsyncConnection, name: str, version: int, position: int) -> None:
-    statement = _dialect_insert(conn)(checkpoints).values(
-        projection=name, version=version, position=position, updated_at=utc_now()
+    statement = (
+        backend_of(conn)
+        .insert(checkpoints)
+        .values(projection=name, version=version, position=position, updated_at=utc_now())
     )
     await conn.execute(
         statement.on_conflict_do_update(
@@ -213,16 +208,7 @@ async def read_streams_page(
 async def _fetch(database: Database, query: str, params: list[int | str]) -> list[Any]:
     """`query` (its parameters written `{}`) run by the driver itself, rows as tuples, on either backend."""
     async with database.engine.connect() as conn:
-        driver = (await conn.get_raw_connection()).driver_connection
-        assert driver is not None
-        if conn.dialect.name == "postgresql":
-            records = await driver.fetch(query.format(*(f"${i}" for i in range(1, len(params) + 1))), *params)
-            return [tuple(r) for r in records]
-        cursor = await driver.execute(query.format(*("?" * len(params))), params)
-        try:
-            return list(await cursor.fetchall())
-        finally:
-            await cursor.close()
+        return await database.backend_ops.fetch(conn, query, params)
 
 
 async def catch_up(
@@ -301,59 +287,14 @@ async def _apply_page(
     seen in `bench/gateway.py`). Rows it read are still current under the lock if the checkpoint is:
     every write to a version's rows advances its checkpoint in the same transaction.
     """
-    table = projection.table
-    if database.sqlite_appender is not None:
-        # The whole write in one call on the appender's thread, rows converted before the lock is
-        # taken: through aiosqlite its four statements held the lock 3-6 ms, and strict-mode appends
-        # waited that out (the gateway's p99). Not synced: see `transaction(durable=False)`.
-        write = table.sqlite_write(rows)
-        await database.sqlite_appender.transaction(
-            lambda sqlite_conn: _write_sqlite(sqlite_conn, projection.name, version, expected, write, last),
-            durable=False,
-        )
-        return
-    conn = await database.writer()
-    try:
-        async with conn.begin():
-            if await read_checkpoint(conn, projection.name, version, lock=True) != expected:
-                raise Moved
-            await table.write(conn, rows)
-            await write_checkpoint(conn, projection.name, version, last)
-    finally:
-        await conn.close()
+    if not await projection.table.write(database, rows, Checkpoint(projection.name, version, expected, last)):
+        raise Moved
 
 
 async def write_rows(database: Database, projection: Projection, version: int, rows: Sequence[msgspec.Struct]) -> None:
     """Write `rows` of `version` without touching its checkpoint: a rebuild's worker writes its share of the
     rows so, and the rebuild sets the checkpoint once every worker is done (`rebuild.fold_in_workers`)."""
-    table = projection.table
-    if database.sqlite_appender is not None:
-        await database.sqlite_appender.transaction(table.sqlite_write(rows), durable=False)
-        return
-    conn = await database.writer()
-    try:
-        async with conn.begin():
-            await table.write(conn, rows)
-    finally:
-        await conn.close()
-
-
-_SQLITE_CHECKPOINT = f"SELECT position FROM {checkpoints.name} WHERE projection = ? AND version = ?"
-_SQLITE_SET_CHECKPOINT = (
-    f"INSERT INTO {checkpoints.name} (projection, version, position, updated_at) VALUES (?, ?, ?, ?) "
-    "ON CONFLICT (projection, version) DO UPDATE SET position = excluded.position, updated_at = excluded.updated_at"
-)
-
-
-def _write_sqlite(
-    conn: sqlite3.Connection, name: str, version: int, expected: int, write: SqliteWrite, last: int
-) -> None:
-    """`_apply_page`'s writer transaction, on the SQLite appender's thread (inside its transaction)."""
-    found = conn.execute(_SQLITE_CHECKPOINT, (name, version)).fetchone()
-    if (int(found[0]) if found else 0) != expected:
-        raise Moved
-    write(conn)
-    conn.execute(_SQLITE_SET_CHECKPOINT, (name, version, last, sqlite_time(utc_now())))
+    await projection.table.write(database, rows)
 
 
 async def catch_up_all(database: Database) -> dict[str, int]:

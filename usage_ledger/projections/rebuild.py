@@ -147,9 +147,8 @@ async def start_version(database: Database, name: str, version: int) -> None:
 async def analyze_version(database: Database, name: str) -> None:
     """Statistics for the rows just written, before a digest. PostgreSQL: without them (autovacuum off, or not
     yet round) it planned each of the digest's pages by call id as a scan and sort of the rest of the version."""
-    if database.backend == "postgresql":
-        async with database.engine.begin() as conn:
-            await conn.exec_driver_sql(f"ANALYZE {projection_named(name).table.table.name}")
+    async with database.engine.begin() as conn:
+        await database.backend_ops.analyze(conn, projection_named(name).table.table)
 
 
 async def fold_in_workers(

@@ -129,7 +129,7 @@ def api_router(reader: Reader, auth: UiAuth) -> Router:
 
     @get("/call", raises=may_miss, summary="One call: its row, events and (with the token) bodies")
     async def call(id: Annotated[str, QueryParameter(description="a call id")]) -> CallDetail:
-        if "\x00" in id and reader.database.backend == "postgresql":  # its ledger cannot hold such an id
+        if not reader.database.backend_ops.can_hold(id):  # its ledger cannot hold such an id
             raise NotFound(f"no call {id!r} in the ledger")
         return await call_detail(await reader.ready(), id, bodies=auth.enabled)
 

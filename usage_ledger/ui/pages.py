@@ -80,7 +80,7 @@ def pages_router(reader: Reader, auth: UiAuth, renderer: Renderer) -> Router:
 
     @get("/call", include_in_schema=False)
     async def call(id: FromQuery[str]) -> Response[str]:
-        if "\x00" in id and reader.database.backend == "postgresql":
+        if not reader.database.backend_ops.can_hold(id):
             raise NotFound(f"no call {id!r} in the ledger")
         detail = await call_detail(await reader.ready(), projection_text_or_none(id) or id, bodies=auth.enabled)
         return renderer.page("call.html", title=f"Call {id}", detail=detail)

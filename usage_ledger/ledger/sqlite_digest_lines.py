@@ -1,7 +1,7 @@
-"""Digest lines of the calls read model on SQLite, and the child process that writes half of them.
+"""Digest lines of a read model on SQLite, and the child process that writes half of them.
 
-    python -m usage_ledger.projections._digest_lines LEDGER SQL VERSION SPLIT TIMES OUT
-        rows of VERSION with call_id ≥ SPLIT ──encode──► OUT; prints the version's checkpoint
+    python -m usage_ledger.ledger.sqlite_digest_lines LEDGER SQL VERSION SPLIT TIMES PROJECTION OUT
+        rows of VERSION with key ≥ SPLIT ──encode──► OUT; prints PROJECTION's checkpoint of VERSION
 
 A digest line is the msgspec JSON array of a row's values. The SQL rewrites each stored datetime
 to the text msgspec writes for it; any stored datetime not in SQLAlchemy's shape comes back marked
@@ -25,7 +25,7 @@ __all__ = ("ODD", "connect_read_only", "encode_page", "encode_range", "main")
 ODD = "\x00"  # prefixed (in SQL) to a stored datetime not in SQLAlchemy's shape; escaped by msgspec as \u0000
 _PAGE = 20_000
 _encoder = msgspec.json.Encoder(order="sorted")
-_CHECKPOINT = "SELECT position FROM ledger_checkpoints WHERE projection = 'calls' AND version = ?"
+_CHECKPOINT = "SELECT position FROM ledger_checkpoints WHERE projection = ? AND version = ?"
 
 
 def encode_page(rows: Sequence[Sequence[Any]], time_indexes: Sequence[int]) -> bytes:
@@ -58,12 +58,14 @@ def encode_range(
     version: int,
     bounds: tuple[str, str],
     time_indexes: Sequence[int],
+    projection: str,
     sink: Callable[[bytes], object],
 ) -> int:
-    """Feed the lines of the rows with call_id `bounds` (e.g. `("<", split)`) to `sink`; returns the checkpoint."""
+    """Feed the lines of the rows with key `bounds` (e.g. `("<", split)`) to `sink`; returns `projection`'s
+    checkpoint of `version`."""
     conn.execute("BEGIN")  # one snapshot: the checkpoint and the rows together
     try:
-        checkpoint = conn.execute(_CHECKPOINT, (version,)).fetchone()
+        checkpoint = conn.execute(_CHECKPOINT, (projection, version)).fetchone()
         cursor = conn.execute(sql.format(op=bounds[0]), (version, bounds[1]))
         while rows := cursor.fetchmany(_PAGE):
             sink(encode_page(rows, time_indexes))
@@ -73,14 +75,14 @@ def encode_range(
 
 
 def main(argv: Sequence[str]) -> int:
-    """Child: write the lines of the rows with call_id ≥ SPLIT to OUT; print the checkpoint it read."""
-    ledger, sql, version, split, times, out = argv
+    """Child: write the lines of the rows with key ≥ SPLIT to OUT; print the checkpoint it read."""
+    ledger, sql, version, split, times, projection, out = argv
     time_indexes = [int(i) for i in times.split(",") if i]
     try:
         conn = connect_read_only(ledger)
         try:
             with open(out, "wb") as sink:
-                checkpoint = encode_range(conn, sql, int(version), (">=", split), time_indexes, sink.write)
+                checkpoint = encode_range(conn, sql, int(version), (">=", split), time_indexes, projection, sink.write)
         finally:
             conn.close()
     except Exception as exc:
