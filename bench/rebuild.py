@@ -28,7 +28,7 @@ database.
 `--phases`, instead of the rebuild: the fold path's parts one after another in this process, over the
 rebuild's own pages (50,000 events) into a scratch version removed afterwards, each timed alone: reading
 a page (`engine.read_page`), decoding it (`call_fold.decode_calls`), folding it (`call_fold.fold_calls`),
-the rows to the driver's parameters and their write (`engine.write_rows`, one transaction a page), in
+the rows' write with their conversion to the driver's parameters (`engine.write_rows`, one transaction a page), in
 µs per call. What a rebuild in one process costs when nothing runs beside it.
 """
 
@@ -238,7 +238,7 @@ async def _phases(database: Database, head: int, page_size: int = 50_000) -> Non
     version = 1_000_000  # a scratch version, far above any a rebuild makes
     async with database.engine.begin() as conn:
         await drop_version(conn, "calls", version)
-    spent = dict.fromkeys(("read", "decode", "fold", "parameters", "write"), 0.0)
+    spent = dict.fromkeys(("read", "decode", "fold", "write"), 0.0)
     clock = time.perf_counter()
 
     def lap(part: str) -> None:
@@ -262,12 +262,7 @@ async def _phases(database: Database, head: int, page_size: int = 50_000) -> Non
             unwritten = {r.call_id: r for r in rows}
             calls.update(unwritten)
             clock = time.perf_counter()
-            if database.sqlite_appender is not None:
-                write = projection.table.sqlite_write(rows)  # what `write_rows` does first, timed apart
-                lap("parameters")
-                await database.sqlite_appender.transaction(write, durable=False)
-            else:
-                await write_rows(database, projection, version, rows)
+            await write_rows(database, projection, version, rows)
             lap("write")
     finally:
         async with database.engine.begin() as conn:

@@ -16,7 +16,7 @@ calls read model's shape (31 columns, its two indexes) upserted in one transacti
   alone at a size where the cases beside a thread would take minutes).
 
 These rows carry their datetimes as stored text. The rebuild's upsert rewrites msgspec's text in SQL
-(`row_table._sqlite_time_sql`, a CASE per datetime column): with it, multi-row statements cost 24–44 µs a
+(`backend_sqlite._time_sql`, a CASE per datetime column): with it, multi-row statements cost 24–44 µs a
 row against `executemany`'s 14–19 (an ad-hoc copy of this script, 100,000 folded rows, 2026-12-06), which is
 why the rebuild's writes stay `executemany`.
 

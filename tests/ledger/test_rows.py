@@ -65,7 +65,7 @@ def test_rows_match_the_documented_chain_and_column_forms(batch: list[NewEvent],
     if repeat and batch:
         batch = [*batch, batch[0]]  # a duplicate inside the batch is skipped
     recorded = datetime(2026, 11, 30, 5, 0, 0, 1, tzinfo=UTC)
-    rows, last = build_rows(batch, set(), 0, bytes(32), recorded, sqlite=sqlite)
+    rows, last = build_rows(batch, set(), 0, bytes(32), recorded, as_text=sqlite)
     expected = reference_rows(batch, sqlite=sqlite)
     assert rows == expected
     assert last == len(expected)
@@ -78,7 +78,7 @@ def test_existing_ids_are_skipped_and_the_chain_continues_from_the_tail() -> Non
         for i in range(1, 4)
     ]
     previous = bytes(range(32))
-    rows, last = build_rows(batch, {uuid.UUID(int=2)}, 41, previous, moment, sqlite=True)
+    rows, last = build_rows(batch, {uuid.UUID(int=2)}, 41, previous, moment, as_text=True)
     assert [row[0] for row in rows] == [42, 43] and last == 43
     assert [row[1] for row in rows] == [uuid.UUID(int=1).hex, uuid.UUID(int=3).hex]
     assert rows[0][4] == "2026-11-30 23:59:59.999999"

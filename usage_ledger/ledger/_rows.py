@@ -48,14 +48,15 @@ def build_rows(
     previous: bytes,
     recorded_at: datetime,
     *,
-    sqlite: bool,
+    as_text: bool,
 ) -> tuple[list[tuple[object, ...]], int]:
-    """Rows for the events not in `existing` (nor repeated in the batch), chained after `previous`."""
+    """Rows for the events not in `existing` (nor repeated in the batch), chained after `previous`; `as_text`:
+    the id as hex and the times as `sqlite_time` text (else a UUID and aware datetimes)."""
     rows: list[tuple[object, ...]] = []
     append = rows.append
     seen = {event_id.int for event_id in existing}
-    recorded: object = sqlite_time(recorded_at) if sqlite else recorded_at
-    minutes: dict[int, str] = {}  # SQLite: "YYYY-MM-DD HH:MM:" by minute since the epoch
+    recorded: object = sqlite_time(recorded_at) if as_text else recorded_at
+    minutes: dict[int, str] = {}  # as text: "YYYY-MM-DD HH:MM:" by minute since the epoch
     sha256 = hashlib.sha256
     pack_head = HEAD_STRUCT.pack
     pack_length = LENGTH_STRUCT.pack
@@ -87,7 +88,7 @@ def build_rows(
                 )
             )
         ).digest()
-        if sqlite:
+        if as_text:
             minute, within = divmod(micros, _MINUTE_US)
             prefix = minutes.get(minute)
             if prefix is None:

@@ -363,7 +363,7 @@ class PostgresAppender:
             found = await conn.fetch(_STORED_IDS, [e.event_id for e in batch])
             existing = {uuid.UUID(str(row[0])) for row in found}
         rows, last = build_rows(
-            batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, sqlite=False
+            batch, existing, int(head["position"]), bytes.fromhex(head["hash"]), recorded_at, as_text=False
         )
         if commit and len(rows) <= _WRITTEN_OUT_MAX:
             # one message: the server commits without waiting for this thread's next turn inside the lock

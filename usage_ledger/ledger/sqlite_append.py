@@ -263,7 +263,7 @@ class SqliteAppender(ThreadConnection):
         position, previous = int(tail[0]), bytes.fromhex(tail[1])
         # Optimistic: insert as if no event id were stored yet (the unique index checks each one
         # anyway); only when one is — a spool replay, a re-import — look them up and redo.
-        rows, last = build_rows(batch, set(), position, previous, recorded_at, sqlite=True)
+        rows, last = build_rows(batch, set(), position, previous, recorded_at, as_text=True)
         if rows:
             conn.execute("SAVEPOINT ledger_events_insert")
             try:
@@ -271,7 +271,7 @@ class SqliteAppender(ThreadConnection):
             except sqlite3.IntegrityError:
                 conn.execute("ROLLBACK TO ledger_events_insert")
                 existing = self._existing(conn, [e.event_id for e in batch])
-                rows, last = build_rows(batch, existing, position, previous, recorded_at, sqlite=True)
+                rows, last = build_rows(batch, existing, position, previous, recorded_at, as_text=True)
                 if rows:
                     conn.executemany(_INSERT_EVENTS, rows)
             conn.execute("RELEASE ledger_events_insert")
