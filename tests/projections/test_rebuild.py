@@ -26,7 +26,7 @@ from usage_ledger.ledger.schema import checkpoints, events, head
 from usage_ledger.ledger.sqlite_digest import digest_rows
 from usage_ledger.projections.calls import rows_digest
 from usage_ledger.projections.engine import PROJECTIONS, catch_up, projection_status
-from usage_ledger.projections.rebuild import rebuild_projection, set_formula
+from usage_ledger.projections.rebuild import drop_version, rebuild_projection, set_formula
 from usage_ledger.projections.tables import calls
 
 
@@ -163,7 +163,7 @@ async def test_dropping_a_version_leaves_the_connection_as_it_was(database: Data
     await catch_up(database, "calls")
     async with database.engine.begin() as conn:
         before = (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one()
-        await PROJECTIONS["calls"].table.drop(conn, 1)
+        await drop_version(conn, "calls", 1)
         assert (await conn.exec_driver_sql("PRAGMA secure_delete")).scalar_one() == before
         assert (await conn.execute(select(calls.c.call_id).where(calls.c.version == 1))).first() is None
 

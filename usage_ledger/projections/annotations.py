@@ -12,7 +12,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import RunAnnotated
 from usage_ledger.projections._slim import decode_slim
-from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import annotations_table
 from usage_ledger.projections.text import projection_tags, projection_text_or_none
 
@@ -58,7 +57,7 @@ class AnnotationsProjection:
     name = "annotations"
     handles = frozenset({"run.annotated"})
     partition_key = None
-    table = RowTable(annotations_table)
+    table = annotations_table
 
     async def fold(
         self,

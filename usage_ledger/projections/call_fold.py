@@ -54,7 +54,7 @@ _tags_decoder = msgspec.json.Decoder(dict[str, str])
 
 
 class CallRow(msgspec.Struct, kw_only=True, gc=False):
-    """One row of `projection_calls`: the fields are its columns, in order (`RowTable` writes them so)."""
+    """One row of `projection_calls`: the fields are its columns, in order (`Backend.write_rows` writes them so)."""
 
     version: int
     call_id: str

@@ -17,7 +17,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import backend_of, call_stream
 from usage_ledger.projections.call_fold import HANDLED, CallRow, decode_calls, fold_calls
-from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import calls
 
 __all__ = ("CallsProjection", "rows_digest")
@@ -39,7 +38,7 @@ class CallsProjection:
 
     name = "calls"
     handles = HANDLED
-    table = RowTable(calls)
+    table = calls
 
     @staticmethod
     def partition_key(payload: str) -> str:

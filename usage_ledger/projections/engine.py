@@ -1,6 +1,6 @@
 """Running projections: checkpointed catch-up, the follower, status (rebuilds: `projections.rebuild`).
 
-    events ──page──► projection.fold(conn, version, page, unwritten) ──► rows ──► projection.table.write(rows)
+    events ──page──► projection.fold(conn, version, page, unwritten) ──► rows ──► write_rows(table, rows)
     (a position      (decoding, reading the rows it continues)                   + checkpoint(name, version),
      range)                                                                        one writer transaction
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import msgspec
 import structlog
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import (
@@ -36,7 +36,6 @@ from usage_ledger.projections.annotations import AnnotationsProjection
 from usage_ledger.projections.calls import CallsProjection
 from usage_ledger.projections.errors import UnknownProjection
 from usage_ledger.projections.formulas import DEFAULT_FORMULA
-from usage_ledger.projections.row_table import RowTable
 from usage_ledger.projections.tables import versions
 
 __all__ = (
@@ -75,7 +74,8 @@ class Projection(Protocol):
 
     name: str
     handles: frozenset[str]
-    table: RowTable
+    table: Table
+    """Its rows, whose primary key includes `version`: msgspec Structs of its columns in order, upserted whole."""
 
     @property
     def partition_key(self) -> Callable[[str], str] | None:
@@ -287,14 +287,15 @@ async def _apply_page(
     seen in `bench/gateway.py`). Rows it read are still current under the lock if the checkpoint is:
     every write to a version's rows advances its checkpoint in the same transaction.
     """
-    if not await projection.table.write(database, rows, Checkpoint(projection.name, version, expected, last)):
+    moved = Checkpoint(projection.name, version, expected, last)
+    if not await database.backend_ops.write_rows(database.engine, database.appender, projection.table, rows, moved):
         raise Moved
 
 
 async def write_rows(database: Database, projection: Projection, version: int, rows: Sequence[msgspec.Struct]) -> None:
     """Write `rows` of `version` without touching its checkpoint: a rebuild's worker writes its share of the
     rows so, and the rebuild sets the checkpoint once every worker is done (`rebuild.fold_in_workers`)."""
-    await projection.table.write(database, rows)
+    await database.backend_ops.write_rows(database.engine, database.appender, projection.table, rows)
 
 
 async def catch_up_all(database: Database) -> dict[str, int]:

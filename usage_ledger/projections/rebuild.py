@@ -26,13 +26,14 @@ from multiprocessing.synchronize import Event as EventType
 
 import msgspec
 import structlog
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger import (
     Database,
     ProjectionPromoted,
     append_events,
+    backend_of,
     head_position,
     new_event,
     open_database,
@@ -107,7 +108,7 @@ async def rebuild_projection(
         else:
             say(f"an event outside its key's stream: folding events into version {new_version} in this process")
             async with database.engine.begin() as conn:
-                await projection.table.drop(conn, new_version)
+                await _drop_rows(conn, name, new_version)
     else:
         say(f"folding events into version {new_version}")
     await catch_up(database, name, new_version, page_size=page_size, progress=progress)
@@ -140,7 +141,7 @@ async def next_version(conn: AsyncConnection, name: str, live: int) -> int:
 async def start_version(database: Database, name: str, version: int) -> None:
     """`version` of `name` empty, at checkpoint 0 (ready for `catch_up` from the first event)."""
     async with database.engine.begin() as conn:
-        await projection_named(name).table.drop(conn, version)
+        await _drop_rows(conn, name, version)
         await write_checkpoint(conn, name, version, 0)
 
 
@@ -148,7 +149,7 @@ async def analyze_version(database: Database, name: str) -> None:
     """Statistics for the rows just written, before a digest. PostgreSQL: without them (autovacuum off, or not
     yet round) it planned each of the digest's pages by call id as a scan and sort of the rest of the version."""
     async with database.engine.begin() as conn:
-        await database.backend_ops.analyze(conn, projection_named(name).table.table)
+        await database.backend_ops.analyze(conn, projection_named(name).table)
 
 
 async def fold_in_workers(
@@ -267,8 +268,13 @@ async def _fold_part_async(
 
 async def drop_version(conn: AsyncConnection, name: str, version: int) -> None:
     """Remove `version` of projection `name`: its rows and its checkpoint."""
-    await projection_named(name).table.drop(conn, version)
+    await _drop_rows(conn, name, version)
     await conn.execute(checkpoints.delete().where(checkpoints.c.projection == name, checkpoints.c.version == version))
+
+
+async def _drop_rows(conn: AsyncConnection, name: str, version: int) -> None:
+    table = projection_named(name).table
+    await backend_of(conn).delete(conn, delete(table).where(table.c.version == version))
 
 
 async def promote_version(database: Database, name: str, version: int, formula: str) -> ProjectionPromoted:

@@ -108,7 +108,7 @@ async def _check(database: Database, name: str, page_size: int) -> ReadModelChec
 
 async def _differences(conn: AsyncConnection, name: str, live: int, scratch: int) -> tuple[int, list[RowDifference]]:
     """How many rows differ between the two versions, and the first `_NAMED` by key, with what differs."""
-    table = projection_named(name).table.table
+    table = projection_named(name).table
     keys = [c.name for c in table.primary_key.columns if c.name != "version"]
     values = [c.name for c in table.columns if c.name != "version"]
     stored = select(table).where(table.c.version == live).subquery("stored")
