@@ -120,7 +120,7 @@ def _split_digest(ledger: str, query: _Query, version: int, checkpoint: str, chi
                     child.wait()
             if child.returncode != 0:
                 raise LedgerError(
-                    f"digest of {query.table} version {version} in {ledger} failed: "
+                    f"digest of {checkpoint} version {version} in {ledger} failed: "
                     f"{err.decode(errors='replace').strip()}"
                 )
             if int(out) != mine:
