@@ -4,8 +4,9 @@ A request to an inference API (`gateway.paths.call_path`) is a call. With strict
 `call.started` is durable before the request goes upstream, and `call.finished` / `call.failed`
 before the response's last bytes; with async both are submitted and not awaited.
 Any other request (`GET /v1/models`, `/health`, `/metrics`, …) takes the same path and is not
-recorded: it is no call in a run or a day. The events, log line and metrics are `gateway.call_record`'s;
-this module runs the call (upstream request, relay, the client's answer).
+recorded: it is no call in a run or a day. This module runs the call (upstream request, relay, the
+client's answer); the facts it notes on the way, and the events, log line and metrics made of them,
+are its `gateway.call_record.CallRecord`'s.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from usage_ledger.gateway.kept import KeptBody, usage_from_tail
 from usage_ledger.gateway.observed import Observed
 from usage_ledger.gateway.paths import USAGE_REQUEST_PATHS
 from usage_ledger.gateway.recorder import NotRecorded, new_call_id
-from usage_ledger.gateway.relay import RelayPlan, plan_relay
-from usage_ledger.ledger import Durable
+from usage_ledger.gateway.relay import plan_relay
 
 __all__ = ("AbortResponse", "Call")
 
@@ -45,8 +45,8 @@ class AbortResponse(AbortSignal):
     """
 
 
-class Call(CallRecord):
-    """One proxied request: its state from request to final event, and the proxying (recording: `CallRecord`)."""
+class Call:
+    """One proxied request, run from its body to its final event; what is recorded of it is its `record`'s."""
 
     def __init__(
         self,
@@ -61,47 +61,31 @@ class Call(CallRecord):
         ledger_tags: LedgerTags,
     ) -> None:
         self.proxy = proxy
-        self.metrics = proxy.metrics
-        self.recorder = proxy.recorder
-        self.method = method
-        self.path = path
-        self.query = query
-        self.recorded = routed is not None
+        self.recorded = recorded = routed is not None
         """A call (`gateway.paths.call_path`: `routed` is the path the upstream routes it on), else passed unrecorded."""
-        self.call_id = new_call_id()
-        self.id_header = (CALL_ID_HEADER, self.call_id.encode())
-        self.target = self.path + ("?" + self.query if self.query else "")
-        self.headers = headers
-        self.body = body
-        self.received = received
-        self.run_name = ledger_tags.run
-        self.tags = ledger_tags.tags
-        self.info = inspect_request(body) if self.recorded else RequestInfo()
+        self.call_id = call_id = new_call_id()
+        self.id_header = (CALL_ID_HEADER, call_id.encode())
+        self.target = path + ("?" + query if query else "")
+        info = inspect_request(body) if recorded else RequestInfo()
         self.upstream_body = body
         self.injected = False
-        wants_injection = self.info.stream and not self.info.wants_usage and proxy.upstream_forces_usage is not True
+        wants_injection = info.stream and not info.wants_usage and proxy.upstream_forces_usage is not True
         if wants_injection and routed is not None and routed.endswith(USAGE_REQUEST_PATHS):
             rewritten = with_usage_requested(body)
             if rewritten is not None:
                 self.upstream_body = rewritten
                 self.injected = True
-                self.metrics.usage_injected += 1
-        # response state
-        self.seen = Observed(self.metrics, injected=self.injected, on_forced_usage=self._upstream_forces_usage)
-        self.status: int | None = None
-        self.headers_at: float | None = None
-        self.client_bytes = 0
-        self.upstream_request_id: str | None = None
-        self.response_headers: list[Header] = []
-        cap = proxy.settings.max_stored_body_bytes if self.recorded else 0  # a request that is no call keeps none
-        self.raw = KeptBody(proxy.stored_bytes, cap)
+                proxy.metrics.usage_injected += 1
+        self.seen = seen = Observed(proxy.metrics, injected=self.injected, on_forced_usage=self._upstream_forces_usage)
+        cap = proxy.settings.max_stored_body_bytes if recorded else 0  # a request that is no call keeps none
+        self.raw = raw = KeptBody(proxy.stored_bytes, cap)
         """The response body kept for its blob, within the stored-body limits (`gateway.kept`)."""
-        self.plan: RelayPlan | None = None
-        """How the response goes to the client (known once its headers arrived)."""
+        self.record = CallRecord(
+            proxy, call_id, method, path, query, headers, body, received, ledger_tags, info, recorded, seen, raw
+        )
         self.client_gone = False
         self.done = False
         self.task: asyncio.Task[Any] | None = None
-        self.started_durable: asyncio.Future[Durable] | None = None
 
     # -- proxying --------------------------------------------------------------------------------
     def disconnected(self) -> None:
@@ -113,13 +97,15 @@ class Call(CallRecord):
     async def run(self, client: Exchange) -> None:
         task = self.task = asyncio.current_task()
         assert task is not None
+        record = self.record
         response: UpstreamResponse | None = None
         try:
-            if self.recorded and self.recorder.strict and not await self._start_durably(client):
+            if self.recorded and record.recorder.strict and not await self._start_durably(client):
                 return
             try:
+                forwarded = forward_headers(record.headers)
                 response = await self.proxy.upstream.send(
-                    self.method, self.target, forward_headers(self.headers), self.upstream_body, on_sent=self.started
+                    record.method, self.target, forwarded, self.upstream_body, on_sent=record.started
                 )
             except UpstreamError as exc:
                 phase = "connect" if exc.code == "upstream_unreachable" else "headers"
@@ -136,12 +122,12 @@ class Call(CallRecord):
             stopping = not self.client_gone
             if not stopping:
                 task.uncancel()
-            self.started()
+            record.started()
             if response is not None:
                 await _close_quietly(response)
                 response = None
-            await self._failed(
-                "stream" if self.info.stream else ("body" if self.status else "headers"),
+            await record.failed(
+                "stream" if record.info.stream else ("body" if record.status else "headers"),
                 "upstream_error_in_stream" if self.seen.stream_error else "client_disconnected",
                 "the client closed the connection; the upstream request was cancelled",
                 wait=False,
@@ -158,9 +144,10 @@ class Call(CallRecord):
         return [self.id_header] if self.recorded else []
 
     async def _fail_before_response(self, client: Exchange, exc: GatewayError, phase: str, reason: str) -> None:
-        self.started()
-        self.status = exc.status
-        durable = await self._failed(phase, reason, exc.message, wait=True)
+        record = self.record
+        record.started()
+        record.status = exc.status
+        durable = await record.failed(phase, reason, exc.message, wait=True)
         self.done = True
         if isinstance(exc, UpstreamInvalid):
             client.keep_alive = False  # what followed a response that cannot be relayed is never read as one
@@ -172,21 +159,18 @@ class Call(CallRecord):
         client.respond_json(exc.status, exc.body(), self._extra_headers())
 
     async def _relay(self, response: UpstreamResponse, client: Exchange) -> None:
-        self.headers_at = time.time()
-        self.status = response.status
-        self.response_headers = response.headers
-        plan = self.plan = plan_relay(
-            response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected
-        )
+        record = self.record
+        headers_at = time.time()
+        plan = plan_relay(response.headers, self.raw, self.seen.events, inspect=self.recorded, cut=self.injected)
+        record.response_began(headers_at, response.status, response.headers, plan)
         self.raw.expect(response.headers, whole_json=plan.readable_body and self.recorded, encoding=plan.decoder)
         relay = plan.relay
         self.seen.relay = plan.sse
-        self.upstream_request_id = plan.request_id
         out_headers = plan.headers
         if self.recorded:  # the call id is the gateway's: an upstream's own one never reaches the client
             out_headers = [header for header in out_headers if header[0] != CALL_ID_HEADER]
             out_headers.append(self.id_header)
-        self.started()  # async durability: submitted now at the latest (strict: durable before forwarding)
+        record.started()  # async durability: submitted now at the latest (strict: durable before forwarding)
         client.start_now(response.status, out_headers)
         try:
             push, feed = client.push, relay.feed
@@ -194,7 +178,7 @@ class Call(CallRecord):
             def sink(chunk: bytes) -> None:  # from the upstream connection's callback: out at once
                 out = feed(chunk)
                 if out:
-                    self.client_bytes += len(out)
+                    record.client_bytes += len(out)
                     push(out)
 
             client.flow(response.hold)  # a client that stops reading pauses the upstream
@@ -205,33 +189,34 @@ class Call(CallRecord):
             tail = relay.close()
         except (UpstreamError, UnreadableBody) as exc:
             reason = exc.reason if isinstance(exc, UpstreamError) else "upstream_error_in_stream"
-            await self._failed("stream" if plan.stream else "body", reason, str(exc), wait=True)
+            await record.failed("stream" if plan.stream else "body", reason, str(exc), wait=True)
             self.done = True
             raise AbortResponse(str(exc)) from exc
         if plan.readable_body and self.raw and self.recorded:
             self.seen.body(self.raw.whole() or b"", plan.decoder)
-            self.upstream_request_id = self.upstream_request_id or self.seen.request_id
+            record.upstream_request_id = record.upstream_request_id or self.seen.request_id
         elif plan.readable_body and self.raw.omitted and self.recorded:
             self._read_tail()
         try:
-            timings = await self._finished()
+            timings = await record.finished()
         except NotRecorded as exc:
             # Strict: the last bytes are still held back; without them the client sees a
             # truncated response (no final chunk or short of Content-Length), not a complete one.
             self.done = True
             raise AbortResponse(f"call not recorded: {exc}") from exc
         self.done = True
-        self.client_bytes += len(tail)
+        record.client_bytes += len(tail)
         client.end_now(tail)
-        self._report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
+        record.report("call_proxied", timings)  # after the last bytes: the log line is not on the client's path
 
     async def _start_durably(self, client: Exchange) -> bool:
         """Strict: make `call.started` durable (database or spool) before the upstream sees the request, so no
         call reaches the server without its record. False when it is durable nowhere: answered 503 instead."""
-        self.started()
-        assert self.started_durable is not None
+        record = self.record
+        record.started()
+        assert record.started_durable is not None
         try:
-            await self.recorder.until_durable(self.started_durable)
+            await record.recorder.until_durable(record.started_durable)
         except NotRecorded:
             self.done = True
             await self._answer_unrecorded(client)
@@ -240,8 +225,8 @@ class Call(CallRecord):
 
     async def _answer_unrecorded(self, client: Exchange) -> None:
         """503 `ledger_unavailable`, with no call id: the ledger cannot hold this call now."""
-        self.metrics.refused_unrecorded += 1
-        self.status = LedgerUnavailable.status
+        self.proxy.metrics.refused_unrecorded += 1
+        self.record.status = LedgerUnavailable.status
         error = LedgerUnavailable(
             "the ledger cannot record this call now (database and spool both failed); "
             f"retry after {LedgerUnavailable.retry_after_s} s"

@@ -1,11 +1,13 @@
 """What a call tells the ledger and the operator: its events, the usage they carry, its log line and metrics.
 
-`CallRecord` is the recording half of `gateway.call.Call` (which sets this state and runs the call):
+`CallRecord` holds the facts of one call: its request's, fixed when the request is received, and its
+response's, noted by the `gateway.call.Call` that owns it as they arrive (status, headers, the bytes
+the client got, what `Observed` saw, the `KeptBody`, the `RelayPlan`). Made of them:
 
     started    `call.started`, submitted once (strict: durable before the request goes upstream)
-    _finished  `call.finished` (or `call.failed` for an error inside the stream), before the last bytes
-    _failed    `call.failed`, whatever phase the call failed in
-    _report    the canonical log line and the latency metrics
+    finished   `call.finished` (or `call.failed` for an error inside the stream), before the last bytes
+    failed     `call.failed`, whatever phase the call failed in
+    report     the canonical log line and the latency metrics
 
 What the usage of a call is, and where it came from (`ledger.events.UsageSource`), is decided in
 `gateway.observed.Observed`, once, for finished and failed calls alike.
@@ -22,7 +24,7 @@ import structlog
 
 from usage_ledger.gateway._http import Upstream
 from usage_ledger.gateway.fingerprint_key import FingerprintKey
-from usage_ledger.gateway.headers import Header, recorded_headers
+from usage_ledger.gateway.headers import Header, LedgerTags, recorded_headers
 from usage_ledger.gateway.inspect import RequestInfo
 from usage_ledger.gateway.kept import KeptBody
 from usage_ledger.gateway.limits import ByteBudget
@@ -57,34 +59,61 @@ def _timestamp(t: float | None) -> datetime | None:
 
 
 class CallRecord:
-    """The recording half of a call; the state is `gateway.call.Call`'s (set in its `__init__`)."""
+    """The facts of one call and what is made of them: events, log line, metrics (owned by its `gateway.call.Call`)."""
 
-    proxy: Proxy
-    metrics: Metrics
-    recorder: Recorder
-    method: str
-    path: str
-    query: str
-    recorded: bool
-    call_id: str
-    headers: list[Header]
-    body: bytes
-    received: float
-    run_name: str | None
-    tags: dict[str, str]
-    info: RequestInfo
-    seen: Observed
-    status: int | None
-    headers_at: float | None
-    client_bytes: int
-    upstream_request_id: str | None
-    response_headers: list[Header]
-    raw: KeptBody
-    plan: RelayPlan | None
-    started_durable: asyncio.Future[Durable] | None
+    def __init__(
+        self,
+        proxy: Proxy,
+        call_id: str,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[Header],
+        body: bytes,
+        received: float,
+        ledger_tags: LedgerTags,
+        info: RequestInfo,
+        recorded: bool,
+        seen: Observed,
+        raw: KeptBody,
+    ) -> None:
+        self.proxy = proxy
+        self.recorder = proxy.recorder
+        self.metrics = proxy.metrics
+        # the request's facts, fixed from here on
+        self.call_id = call_id
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.received = received
+        self.ledger_tags = ledger_tags
+        self.info = info
+        self.recorded = recorded
+        """A call (`gateway.paths.call_path`); else a request passed unrecorded, with a log line and no events."""
+        # the response's facts, noted by the call as they arrive
+        self.seen = seen
+        self.raw = raw
+        self.status: int | None = None
+        """The status the client gets (or got): the upstream's, or the gateway's own error answer's."""
+        self.headers_at: float | None = None
+        self.response_headers: list[Header] = []
+        self.upstream_request_id: str | None = None
+        self.client_bytes = 0
+        self.plan: RelayPlan | None = None
+        self.started_durable: asyncio.Future[Durable] | None = None
+
+    def response_began(self, at: float, status: int, headers: list[Header], plan: RelayPlan) -> None:
+        """The upstream's response headers arrived `at`; `plan` is how its body goes to the client."""
+        self.headers_at = at
+        self.status = status
+        self.response_headers = headers
+        self.plan = plan
+        self.upstream_request_id = plan.request_id
 
     def started(self) -> None:
-        """Submit `call.started` (once): strict, before the request goes upstream (`Call` awaits it); async,
+        """Submit `call.started` (once): strict, before the request goes upstream (the call awaits it); async,
         right after, so building the event overlaps the upstream's work."""
         if self.started_durable is not None or not self.recorded:
             return
@@ -96,8 +125,8 @@ class CallRecord:
             method=self.method,
             path=self.path,
             query=recorded_query(self.query, self.proxy.fingerprint_key),
-            run=self.run_name,
-            tags=self.tags,
+            run=self.ledger_tags.run,
+            tags=self.ledger_tags.tags,
             request_headers=recorded_headers(self.headers, self.proxy.fingerprint_key),
             request_blob=digest,
             request_bytes=len(self.body),
@@ -129,7 +158,7 @@ class CallRecord:
             return None, None, self.raw.size
         return self.recorder.digest(data), data, len(data)
 
-    async def _finished(self) -> Timings:
+    async def finished(self) -> Timings:
         """Record the final event (strict: until durable); the caller then sends the last bytes and logs."""
         timings = self._timings()
         if not self.recorded:
@@ -179,7 +208,7 @@ class CallRecord:
         elif source == "implausible":
             log.warning("usage_implausible", call_id=self.call_id, path=self.path, detail=detail)
 
-    async def _failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> bool:
+    async def failed(self, phase: str, reason: str, detail: str, *, wait: bool) -> bool:
         """Record the failure; False when strict durability waited and the failure is durable nowhere."""
         timings = self._timings()
         self.metrics.failures[reason] += 1
@@ -192,7 +221,7 @@ class CallRecord:
                 await self.recorder.finish(event, data, gaps, wait=wait)
             except NotRecorded:
                 durable = False  # counted and logged by the recorder; the caller decides what the client sees
-        self._report("call_failed", timings, reason=reason, phase=phase, detail=detail)
+        self.report("call_failed", timings, reason=reason, phase=phase, detail=detail)
         return durable
 
     def _failure(
@@ -217,7 +246,7 @@ class CallRecord:
             timings=timings,
         )
 
-    def _report(self, message: str, timings: Timings, **extra: Any) -> None:
+    def report(self, message: str, timings: Timings, **extra: Any) -> None:
         """The canonical log line of the call, and its latency metrics."""
         end = timings.finished.timestamp() if timings.finished else time.time()
         if not self.recorded:
