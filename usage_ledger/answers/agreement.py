@@ -1,12 +1,5 @@
-"""`ledger agreement`: how far repeated runs agree on a label per key, and how well each run's labels rank an outcome.
-
-For every pair of runs, over the keys both labelled: `n`, the quadratic weighted kappa over the
-ordered scale and the raw agreement (`raw_agree` of `raw_total`); their mean over the pairs that
-have a kappa; each run's label distribution (a scale mostly one label depresses kappa: the two
-are shown together); with outcomes, each run's rank IC (Spearman's rho of the label's position on
-the scale against the outcome, over the keys having both). Labels come from `agreement_labels`,
-the statistics from `agreement_stats`.
-"""
+"""`ledger agreement`: how far repeated runs agree on a label per key, and how well each run's labels rank an
+outcome (docs/decide.md). Labels come from `agreement_labels`, the statistics from `agreement_stats`."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
 """Labels of `ledger agreement`: one per (run, key), read from the ledger's stored responses or from a CSV.
 
-From the ledger: the calls of each run (`run_filter`, so `auto-…` runs too) that carry the key tag
-(default `ticker`) and every `--where TAG=VALUE`, in start order. A key's label comes from the
-last of its completed calls (status `ok`) whose stored response gives one (`agreement_text`);
-earlier calls count only when later ones give none (a retry, a later pipeline step that does not
-grade). A key without a label says why: its calls' bodies were not stored — `imported` (imports
-carry no bodies), `redacted`, `omitted` (too large or over the in-flight budget), `not stored` —
-or were `unreadable`, or gave `no match`, or the pattern `timed out` on them (each such answer is named
-in `timed_out`), or no call of it completed (`not ok`). Labels are never guessed.
-"""
+A key's label comes from the last of its `ok` calls whose stored response gives one; a key without one says
+why (docs/decide.md). Labels are never guessed."""
 
 from __future__ import annotations
 

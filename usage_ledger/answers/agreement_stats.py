@@ -1,9 +1,7 @@
 """The statistics of `ledger agreement`, in plain Python: an ordered scale, quadratic weighted kappa, Spearman.
 
-Every function returns a `Stat`: a value, or None with the reason it cannot be computed (one label
-only, constant ranks, no keys in common). Nothing returns NaN. The tests check both against
-scikit-learn's `cohen_kappa_score(weights="quadratic", labels=scale)` and SciPy's `spearmanr`.
-"""
+Every function returns a `Stat`: a value, or None with the reason (never NaN). The tests hold them to
+scikit-learn's `cohen_kappa_score(weights="quadratic")` and SciPy's `spearmanr`."""
 
 from __future__ import annotations
 

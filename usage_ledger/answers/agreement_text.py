@@ -1,15 +1,5 @@
-"""A label from a stored response: the assistant text of a body, then a regex group or a JSON pointer into it.
-
-Bodies are stored as the upstream sent them (`ledger.blobs`), so a body is first undone from its
-`content-encoding` (gzip, deflate, br, zstd), then read as one of:
-
-- a streamed body (`text/event-stream`, or bytes that start like SSE): the `data:` of each event,
-  `[DONE]` and chunks without choices (the usage chunk) skipped, choice 0's `delta.content`
-  (chat completions) or `text` (completions) concatenated in order;
-- a JSON body: choice 0's `message.content` (chat completions) or `text` (completions).
-
-Other APIs (responses, embeddings) and bodies that are neither give no text (None).
-"""
+"""A label from a stored response: the assistant text of a body (after its `content-encoding`), then a regex
+group or a JSON pointer into it (docs/decide.md). Responses and embeddings bodies give no text (None)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""The read API (Litestar): GET /runs, /tickers, /daily, /calls, /calls/{call_id}, /decide.
+"""The read API (Litestar): GET /runs, /tickers, /daily, /calls, /calls/{call_id}, /decide (docs/operations.md).
 
-Handlers are thin: they call the same report functions as the CLI, with `refresh=False` because
-`follow_projections` keeps the projections current inside `ledger serve`. The gateway mounts
-these routers under `/_ledger/api` behind its auth guard.
-
-The OpenAPI schema says exactly what is accepted (bounds of `offset` and `limit`, the known
-formulas and time zones) and every answer: 400 (a parameter out of range or unknown), 404 (no such
-run or call), 401 (when an admin token is set); errors are Litestar's `{status_code, detail}`.
-A `run` filter is read under the rule of `projections.text`, as the rows were written.
-
-The lists take the CLI's call filters (`answers.filters`): `since`, `until` (ISO dates or
-date-times; without an offset, local in `tz`, else LEDGER_TZ), `model` and `status`. `/calls`
-answers with `total`, the number of calls matching on all pages.
-"""
+Handlers call the CLI's report functions with `refresh=False`: inside `ledger serve` the follower keeps
+the projections current. A `run` filter is read under the rule of `projections.text`."""
 
 from __future__ import annotations
 

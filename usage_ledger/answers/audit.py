@@ -1,15 +1,4 @@
-"""`ledger audit RUN [--against RUN2]`: what makes a run's numbers incomparable (docs/server.md).
-
-Findings, each with a kind and a detail:
-- `sampling_varies` / `model_varies`: a sampling parameter (as the client sent it, `call.started`'s
-  `sampling`) or the model differs between the run's calls;
-- `server_restarted`, `server_config_changed`, `server_models_changed`: what the gateway's samples
-  of the server (`server.sampled`) show inside the run's window;
-- `server_fingerprint_changed`: the responses' `system_fingerprint` (vLLM's hash of its engine
-  config, on non-streamed responses, `call.finished`) differs between the run's calls;
-- `differs_from_other_run`: with `--against`, a sampling parameter, the model, a server config
-  label or the system fingerprint whose value differs between the two runs.
-"""
+"""`ledger audit RUN [--against RUN2]`: what makes a run's numbers incomparable; the findings: docs/server.md."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """What a figure rests on: its sample size and a 95 % percentile bootstrap interval, in plain Python.
 
-The interval is SciPy's `bootstrap(..., method="percentile")`: `RESAMPLES` resamples of the sample's
-n units drawn with replacement (a row of n indices each; paired figures resample their units jointly,
-SciPy's `paired=True`), the statistic on each, and the 2.5th and 97.5th percentiles of those values,
-linearly interpolated (numpy's default, Hyndman & Fan type 7). The indices come from a
-`random.Random(SEED)`, so an interval is the same every time it is asked for; SciPy draws its indices
-from a numpy Generator, so the two agree exactly on the same indices (tests/projections/test_bootstrap.py)
-and, on their own draws, within the resampling error the tests and docs/decide.md state.
-
-No interval (`ci95` null, `reason` says why) for fewer than 2 units, or when the statistic is undefined
-on some resample (one label only, constant ranks): an interval over the resamples that happen to have
-a value would be narrower than the evidence is.
-"""
+SciPy's `bootstrap(..., method="percentile")` with indices from `random.Random(SEED)`, so an interval is the
+same every time (tests/projections/test_bootstrap.py; docs/decide.md). No interval when the statistic is
+undefined on some resample: one over the resamples that have a value would be narrower than the evidence."""
 
 from __future__ import annotations
 

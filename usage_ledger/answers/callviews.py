@@ -1,10 +1,8 @@
 """Calls as views: one call, a page of calls, or every call in start order (for export).
 
-`in_flight` = how many calls were running when this call started, itself included: calls whose
-start is not later than its start and whose end is later than its start. Calls that never
-finished count only for themselves. Export computes it with a sweep (a heap of end times, memory
-bounded by the concurrency); single calls and pages count in SQL.
-"""
+`in_flight`: calls running when this one started, itself included: start not later than its start, end later
+(calls that never finished count only for themselves). Export counts it with a sweep (a heap of end times);
+single calls and pages count in SQL."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""The calls read model as a ClickHouse table: the DDL `ledger export --clickhouse-schema` prints.
+"""The calls read model as a ClickHouse table: the DDL `ledger export --clickhouse-schema` prints (docs/scaling.md).
 
-A copy of the read model for analytics at a size one row store does badly (docs/scaling.md §6), fed by
-`ledger export --format parquet|jsonl` and never a ledger: no chain, no bodies, rebuilt from the ledger.
-Its columns are the export's (`export_columns`, read from `CallView`), so the two cannot drift, less
-`in_flight`: counted at export time over the other calls, it changes when another call ends, with no new
-position on this row, so a table replaced by `last_position` could not keep it right (ClickHouse can
-count it from `started_at` / `ended_at` when asked).
-
-Re-exports replace rather than add: `ReplacingMergeTree(last_position)` keeps, per sorting key, the row
-with the highest position (merges do it in the background; `FINAL` or `OPTIMIZE … FINAL` at once). The
-sorting key is therefore also the identity of a row and holds only what a call never changes: its start
-(first event) and its id, not `run`, which a retag moves. Start first serves the per-day and time-range
-queries (and the monthly partitions); a run's calls lie in one stretch of time, and a bloom filter on
-`run` skips the granules of other runs; per-model sums scan `model`, a low-cardinality column.
-"""
+Its columns are the export's (`export_columns`), less `in_flight`, which changes with no new position on the
+row; the sorting key holds only what a call never changes (its start and id, not `run`, which a retag moves)."""
 
 from __future__ import annotations
 

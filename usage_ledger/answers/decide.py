@@ -1,20 +1,5 @@
-"""`ledger decide`: the adoption decision's evidence for two groups of runs, side by side, and what is not measured.
-
-Per group (`a`, `b`): its runs; the means over its runs of the aggregate throughput under the
-promoted formula (`runs_report`, through `compare.run_column`) and of hours per 100 tickers (over the
-runs that completed a call: `measured_runs`, the others in `left_out` with why), of the
-latency medians (`ttft_ms.p50`, … as `ledger compare` names them) and of the server figures that were
-sampled; `self_qwk` and `self_agree_rate`, means over the group's run pairs of the quadratic weighted
-kappa and of the share of common keys labelled alike (null for one run); `label_shares`, each
-label's share of the group's labels (0-1, scale order); `rank_ic`, the mean over its runs of
-Spearman's rho between the label's position on the scale and the key's return (null without returns).
-`between`: the same kappa and rate over every a × b pair, and the keys whose most frequent label
-differs between the groups (a tie for most frequent lists every tied label). No verdict: `unmeasured`
-says what is missing. Each group and `between` carry `evidence` (figure → sample and 95 % interval),
-each group its `rank_ic_series` (returns on several dates), and `within_noise` names the figures whose
-groups' intervals overlap (`decide_evidence`). Labels and returns are the ledger's (`projections.recorded`); the statistics
-are `agreement_stats`' (one definition, held to scikit-learn and SciPy by the tests).
-"""
+"""`ledger decide`: the adoption decision's evidence for two groups of runs, side by side, and what is not
+measured (the figures: docs/decide.md). No verdict. The statistics are `agreement_stats`' (one definition)."""
 
 from __future__ import annotations
 

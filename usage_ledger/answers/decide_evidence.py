@@ -1,16 +1,7 @@
 """What each figure of `ledger decide` rests on: its sample, its 95 % interval, and rank IC date by date.
 
-Each statistic is computed exactly as `decide` computes the figure (the same `agreement_stats`
-functions, the same mean over run pairs or runs that have a value), on bootstrap resamples
-(`bootstrap`):
-- `self_qwk`, `self_agree_rate` (and `between`'s `qwk`, `agree_rate`): the keys labelled by both runs
-  of some pair are the sample (n = those tickers), resampled jointly: every pair sees the same draw.
-- `rank_ic`: the keys with a return and a label from some run (n = tickers), resampled jointly.
-- `throughput_tps`: the runs' aggregate throughputs (n = runs), resampled.
-`within_noise` names the figures whose two groups' intervals overlap. The IC series: with returns on
-several `as_of` dates, per date the mean over the runs of Spearman's rho against that date's returns,
-and over the dates their mean, standard deviation, t = mean / (sd / √k) and share above zero.
-"""
+Each statistic is computed exactly as `decide` computes the figure, on bootstrap resamples (`bootstrap`);
+the samples and the IC series: docs/decide.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Time zones of the readers: a zone named by a user (`--tz`, `tz=`), and a stored moment shown in one.
 
-A reader never fails on a stored value: a call imported at `0001-01-01T00:00Z` or `9999-12-31T23:59Z` lies
-on the edge of Python's calendar (years 1 to 9999), and its local time in a zone west or east of UTC falls
-outside it (`OverflowError`). Such a moment is shown, and counted in `daily`, at its UTC time instead: only
-moments within a day of the calendar's ends can be affected, and the UTC day is the nearest one that exists.
-"""
+A moment whose local time falls outside years 1 to 9999 is shown at its UTC time (docs/auditing.md)."""
 
 from __future__ import annotations
 

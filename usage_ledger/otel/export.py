@@ -1,14 +1,7 @@
-"""Sending committed calls to an OTLP/HTTP receiver, from a durable checkpoint.
+"""Sending committed calls to an OTLP/HTTP receiver, from a durable checkpoint, at least once (docs/otel.md).
 
-    events after checkpoint ──► call.finished / call.failed / call.imported
-                                   + the call's events before it (by stream) ──► the calls read model's fold
-                                ──► its row ──► spans + histograms (`calls.call_from_row`)
-                                ──► exporter reports success ──► checkpoint := last position read
-
-At least once: the checkpoint (a row `otel.export` in `ledger_checkpoints`, beside the projections')
-advances only after the receiver accepted the page; a crash in between re-sends the page with the
-same trace/span ids. The SDK reads `OTEL_EXPORTER_OTLP_*` and `OTEL_SERVICE_NAME` itself.
-"""
+The checkpoint advances only after the receiver accepted the page; a crash in between re-sends the page
+with the same trace/span ids. The SDK reads `OTEL_EXPORTER_OTLP_*` and `OTEL_SERVICE_NAME` itself."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
 """Projections: the read-model engine. The events the ledger holds, folded into tables that can always be
-rebuilt from them.
-
-`tables` (the read models' tables, queried with plain SQL like the ledger's `schema`), the folds
-(`call_fold` with `call_rules` and `_slim` into `calls`, `annotations`, `server` with `reconcile`), the follower and its
-checkpoints (`engine`), rebuild and formula promotion (`rebuild`), the digest two backends compare (the
-ledger's `Backend.digest`), the throughput `formulas`, a run's `cost`, the report `rows`, and the labels and
-returns recorded (`recorded`). Imports `ledger` only; what answers questions from these tables lives in
-`usage_ledger.answers`, what appends events from files in `usage_ledger.imports`. `verify`: the stored read
-models against the events folded again (`ledger verify --read-models`).
-"""
+rebuilt from them. Imports `ledger` only; what answers questions from these tables is `usage_ledger.answers`."""
 
 from __future__ import annotations
 

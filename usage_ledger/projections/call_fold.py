@@ -1,19 +1,8 @@
 """The calls read model's row and its fold: a pure function of the call's events in position order.
 
-- `call.started` / `call.imported` begin a fresh row (whatever came before for that id);
-- `call.finished` / `call.failed` complete it (or create it from `timings.received` if the start
-  never arrived);
-- `call.retagged` changes run and tags of an existing row (history is never touched).
-
-A token count outside the plausibility rule (`ledger.counts`) is 0 in the row (`cached_tokens`: None) and
-the row's `usage_source` says `implausible`, whatever the event says: ledgers recorded before the rule heal
-on rebuild, and no sum over the rows can overflow.
-
-This is the only definition of a call's row: the follower and a rebuild run it (`engine.catch_up`), and the
-OpenTelemetry export runs it on each ended call's events.
-The rules each value follows are `call_rules`' plain functions, which the readers call too. Client text
-goes through the one rule of `projections.text` (U+0000 → U+FFFD); call ids are kept as they are.
-"""
+The only definition of a call's row: the follower, a rebuild and the OpenTelemetry export run it. A token
+count outside the plausibility rule (`ledger.counts`) is 0 in the row with `usage_source` `implausible`,
+so ledgers recorded before the rule heal on rebuild. Client text goes through `projections.text`."""
 
 from __future__ import annotations
 

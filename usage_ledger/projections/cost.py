@@ -1,13 +1,5 @@
-"""What a run cost: a price per hour annotated on it (`ledger annotate --price-per-hour P --currency C`), times
-its wall time.
-
-The price is two labels of a `run.annotated` event (`price_per_hour`, `currency`), given like hardware
-labels: on a run or over a time range, the later annotation winning. A run's cost is its wall time
-(first call start to last call end) × the price; per 100 tickers it is the hours per 100 tickers × the
-price, per million output tokens the cost ÷ the output tokens × 10⁶, so the cost per token follows the
-run's throughput. A run without both labels, or with a price that is not a positive number, has no cost:
-nothing is guessed.
-"""
+"""What a run cost: its wall time × the price per hour annotated on it (docs/decide.md). A run without both
+labels, or with a price that is not a positive number, has no cost: nothing is guessed."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Throughput formulas, registered in one place.
-
-A formula turns a run's aggregate statistics into tokens per second. Adding one is one small
-function plus `@formula("name")`; reports pick it by name (`--formula`), and `ledger recompute`
-shows the old and new numbers side by side. Formulas never change stored rows, so old numbers can
-always be reproduced.
+"""Throughput formulas, registered in one place (docs/formulas.md).
 
 A run with no completed call has no throughput under any formula (registration adds the rule, once):
-nothing was delivered, and a run of failures would enter a mean as 0 tok/s.
-"""
+a run of failures would otherwise enter a mean as 0 tok/s."""
 
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """Full rebuilds beside the live version, and promotion (`ledger rebuild`, `ledger recompute`).
 
-A rebuild fills version N+1 from position 0 through the follower's own path (`engine.catch_up`: events
-read by position range in large pages, folded, rows written a page per transaction with the
-checkpoint), computes its digest, appends `projection.promoted` and switches the pointer.
-
-With `workers=N` (N > 1, for a projection whose rows each read only their own key's events: calls, by
-call id) the events up to the head are first folded by N worker processes, each a range of the keys'
-streams (a call's events are all in stream `call-<id>`; the ranges split the streams in N about equal
-parts), which the database selects: a worker reads and decodes only its own calls' events, and writes its
-rows without a checkpoint; once all are done the checkpoint is set to that head and `catch_up` folds
-whatever was appended meanwhile. A worker that finds an event outside its key's stream stops them all and
-the version is folded again in one process (that split would not be by key). The fold is the same code
-either way (the digest says so); the workers only split it. How a rebuild grows to 1B calls:
-docs/scaling.md.
-"""
+A rebuild fills version N+1 through the follower's own path (`engine.catch_up`), optionally first folded
+by worker processes each taking a range of call streams (docs/scaling.md), then digests, appends
+`projection.promoted` and switches the pointer."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
-"""Reconciliation windows: the server's counters between two idle samples against every recorded call between them.
-
-vLLM's counters (`vllm:request_success_total`, `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`)
-are cumulative, but a request adds to them over its life (its prompt at prefill, its tokens as they are
-generated, the request at its end). A sample taken while a recorded call was in flight splits that
-call between the two sides in a way the ledger cannot know, so a window is bounded by **idle** samples:
-ones during which (between the sample's request and its answer) no recorded call of that server was in
-flight. Between two idle samples, the server's deltas must equal the sum over every recorded call in
-between, whatever its run; what is left is traffic that did not pass through this gateway.
-
-A run's window runs from the last idle sample answered before its first call started to the first idle
-sample requested after its last call ended. Runs sent back to back leave no idle moment between them
-(the next run's first call arrives as the last one ends), so they share one window and are checked
-together: `shared_with` names the others. A difference in a shared window cannot be put on one of them.
-"""
+"""Reconciliation windows: the server's counters between two idle samples against every recorded call between
+them (docs/server.md). Idle samples, because a sample taken while a call was in flight splits that call
+between the two sides in a way the ledger cannot know."""
 
 from __future__ import annotations
 

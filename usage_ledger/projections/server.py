@@ -1,22 +1,4 @@
-"""What the server did during a run, from the gateway's `server.sampled` events (docs/server.md).
-
-A run's window is bracketed by samples: the last one whose response arrived before its first call
-did, and the first one requested after its last call ended (`ledger serve` samples when a run goes
-idle); a sample describes some moment between its request and its response. Counter
-figures are deltas over that window, summed pair by pair; a counter that goes down means the
-server restarted, and the pair across the restart is dropped (never a negative or merged delta).
-Gauge figures (KV cache, running, waiting) are over the samples inside the window.
-
-Speculative decoding prefers vLLM's per-request `speculative_decoding` blocks (recorded on each
-`call.finished`, kept in the calls read model) when every call of the run that completed has one:
-their sums are exactly this run's calls, where the counters also count whatever else the server
-served in the window. Otherwise, the counter deltas; `sources` says which.
-
-Reconciliation has a window of its own, bounded by idle samples (`projections.reconcile`): the
-server's requests and tokens there are compared with every recorded call in it, whatever its run.
-vLLM counts a call with `n` > 1 as n requests (the prompt n times) and an embeddings call with k
-inputs as k requests, so windows with such calls show a gap.
-"""
+"""What the server did during a run, from the gateway's `server.sampled` events (docs/server.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """The one rule for client text in projection rows: U+0000 is shown as U+FFFD, on every backend.
 
-The ledger keeps every event's exact bytes (a NUL travels as the JSON escape `\\u0000` inside
-the payload text). PostgreSQL's `text` cannot hold U+0000 and its JSON functions refuse to turn
-that escape into text, so a read-model column fed from a client string (run, ticker, tags, model,
-source, annotation labels) holds U+FFFD (REPLACEMENT CHARACTER) where the client sent NUL. The
-same on SQLite, so rows, digests and reports do not depend on the backend. No other character
-needs the rule: the gateway stores paths, queries and header values as latin-1 (each byte one
-character), tag values must be valid UTF-8 without control characters, and JSON bodies with lone
-surrogates or invalid UTF-8 are not decoded (the model is then unknown, the body blob exact).
-
-Call ids are not rewritten (two ids must never merge into one row); PostgreSQL's ledger cannot
-hold a call id with NUL at all (its stream column refuses it), so a look-up of one finds nothing.
-"""
+Why, and which columns: docs/auditing.md (Unusual text). Call ids are never rewritten."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """`ledger verify --read-models`: fold the events again and compare each stored read model with the fold.
 
-    live version V (checkpoint C) ─────────────────────────────┐
-    events 1..C ──catch_up──► scratch version S (checkpoint C) ─┴─► digest(V) = digest(S)?  else: the rows that
-                                                                     differ, by key (a full outer join, in SQL)
-
-The scratch version is folded by the follower's and a rebuild's own path (`engine.catch_up`: pages of events,
-rows written a page at a time), so memory stays flat however long the ledger; it is dropped afterwards. A row
-edited, deleted or inserted in a stored read model changes its digest (`Projection.digest`, the digest
-`projection.promoted` records), and the join names the keys: a call id for calls, a position for annotations.
-The follower may move the live version meanwhile: the scratch one is caught up to its checkpoint again until the
-two digests are taken at one checkpoint.
-"""
+The scratch version is folded by `engine.catch_up` (memory stays flat) and dropped afterwards; its digest
+is compared with the live one's at one checkpoint, and a full outer join in SQL names the keys that differ."""
 
 from __future__ import annotations
 

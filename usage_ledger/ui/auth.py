@@ -1,14 +1,6 @@
-"""The dashboard's door: when LEDGER_ADMIN_TOKEN is set, a browser enters the token once in a form
-and gets an HttpOnly, SameSite=Strict cookie; scripts may send `Authorization: Bearer <token>` as
-to the admin API. Both are compared in constant time (hmac.compare_digest), as the admin guard does.
-
-The cookie holds a random session id, not the token: a copied cookie opens the dashboard until that
-session ends, and never gives the admin API's bearer token away. Sessions live in the process
-(`_Sessions`): logging out ends the session for good, a restart ends them all, and each replica has its
-own (a browser logs in to each). Wrong tokens at the form are slowed down per client (`guesses`). Without a
-token set the dashboard is open, but it shows no request or response bodies (ui.pages): only a token-holder
-sees those.
-"""
+"""The dashboard's door (docs/dashboard.md): the token entered once in a form gives an HttpOnly,
+SameSite=Strict cookie holding a random session id, never the token; scripts may send a Bearer token.
+Both compared in constant time. Sessions live in the process: a restart ends them all."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""How the dashboard reads: the database, the report settings and the admin token, and whether it brings the projections up to date.
-
-Inside `ledger serve` a follower process keeps the projections current, so the dashboard never
-catches up itself (a catch-up on the gateway's loop stalls the proxy: usage_ledger/followers.py).
-`ledger ui` runs beside no follower: it catches up before reading, at most once per
-`refresh_every_s` and one pass at a time, unless told `--no-refresh`.
-"""
+"""How the dashboard reads: the database, the report settings and the admin token, and whether it brings the
+projections up to date (`ledger ui` does, at most once per `refresh_every_s`; inside `ledger serve` the
+follower does, since a catch-up on the gateway's loop stalls the proxy)."""
 
 from __future__ import annotations
 
