@@ -32,11 +32,11 @@ class Evidence(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     reason: str = ""
 
 
-def resample_indices(n: int, *, resamples: int = RESAMPLES, seed: int = SEED) -> Iterator[list[int]]:
-    """`resamples` rows of `n` indices in 0..n-1, drawn with replacement from `random.Random(seed)`."""
-    rng = random.Random(seed)
+def resample_indices(n: int) -> Iterator[list[int]]:
+    """`RESAMPLES` rows of `n` indices in 0..n-1, drawn with replacement from `random.Random(SEED)`."""
+    rng = random.Random(SEED)
     units = range(n)
-    for _ in range(resamples):
+    for _ in range(RESAMPLES):
         yield rng.choices(units, k=n)
 
 

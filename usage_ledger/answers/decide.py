@@ -200,18 +200,6 @@ def _flipped(
     return flipped
 
 
-def _check_groups(a: Sequence[str], b: Sequence[str]) -> None:
-    if not a or not b:
-        raise ProjectionError("decide needs at least one run in each group (--a RUN... --b RUN...)")
-
-
-def _check_distinct(a: Sequence[str], b: Sequence[str]) -> None:
-    every = [*a, *b]
-    repeated = sorted({run for run in every if every.count(run) > 1})
-    if repeated:
-        raise ProjectionError(f"run {', '.join(map(repr, repeated))} given more than once (each run in one group)")
-
-
 def _unmeasured(
     groups: dict[str, Sequence[str]],
     columns: dict[str, RunComparison],
@@ -250,13 +238,17 @@ async def decide(
     """The decision's evidence; NotFound for an unknown run, ProjectionError for a label outside `scale`.
 
     `refresh`: catch the projections up first; False under `ledger serve`, whose follower does."""
-    _check_groups(a, b)
+    if not a or not b:
+        raise ProjectionError("decide needs at least one run in each group (--a RUN... --b RUN...)")
     ordered = parse_scale(scale)
-    runs = list(dict.fromkeys([*a, *b]))
+    every = [*a, *b]
+    runs = list(dict.fromkeys(every))
     columns = {
         run: await run_column(database, run, run_gap_s, refresh=refresh and i == 0) for i, run in enumerate(runs)
     }
-    _check_distinct(a, b)  # after the runs are found: an unknown run is the first thing to say (404)
+    # after the runs are found: an unknown run is the first thing to say (404)
+    if repeated := sorted({run for run in every if every.count(run) > 1}):
+        raise ProjectionError(f"run {', '.join(map(repr, repeated))} given more than once (each run in one group)")
     labels = await recorded_labels(database, runs)
     check_scale(ordered, (label for run in runs for label in labels[run].values()))
     returns = await recorded_returns(database, as_of=as_of)

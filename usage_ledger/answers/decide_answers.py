@@ -38,7 +38,7 @@ class RunAnswer(msgspec.Struct, frozen=True, kw_only=True):
 
 
 async def key_answers(
-    database: Database, runs: Sequence[str], key: str, *, key_tag: str = "ticker", run_gap_s: float = 900.0
+    database: Database, runs: Sequence[str], key: str, *, run_gap_s: float = 900.0
 ) -> list[RunAnswer]:
     """Each run's answer for `key`, in the order given; NotFound for a run the ledger does not have."""
     version, _, _ = await live_versions(database)
@@ -57,7 +57,7 @@ async def key_answers(
                     .order_by(c.started_at, c.call_id)
                 )
             ).all()
-            mine = [row for row in rows if _tags.decode(row.tags).get(key_tag) == key]
+            mine = [row for row in rows if _tags.decode(row.tags).get("ticker") == key]
             done = [row for row in mine if row.status == "ok"]
             label = labels[run].get(key)
             if not done:
