@@ -1,8 +1,9 @@
-"""Per-run accumulation, shared by the runs and tickers reports.
+"""Per-run totals, shared by the runs and tickers reports: one SQL aggregate for both kinds of run.
 
-Tagged runs are aggregated in SQL (GROUP BY run). Untagged calls are streamed in start order and
-cut into runs wherever the idle gap (start - latest end so far) exceeds `run_gap_s`; each such run
-is named `auto-<first start, UTC, ISO seconds>`. Memory holds one accumulator per run.
+A tagged run is the calls of one `run` tag. Untagged calls, in start order, are cut into runs wherever
+a call starts more than `run_gap_s` after the latest end so far (a call without an end counts its
+start); each such run is named `auto-<first start, UTC, ISO seconds>`. The cut is a window over the
+calls read model, so an untagged run is summed by the very query a tagged one is, grouped by its number.
 """
 
 from __future__ import annotations
@@ -11,18 +12,35 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, and_, case, cast, func, literal, select
+from sqlalchemy import BigInteger, Integer, Subquery, and_, case, cast, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
+from usage_ledger.ledger.schema import seconds_between
 from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunSpan, RunStats, SpecBlocks
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
 
-_SPEC_COLUMNS = (calls.c.spec_draft_tokens, calls.c.spec_accepted_tokens, calls.c.spec_steps)
-
 AUTO_PREFIX = "auto-"
+
+Where = Sequence[ColumnElement[bool]]
+# what a run's totals read of a call (`_accumulate`), and the order runs are cut in
+_ROW_COLUMNS = (
+    "call_id",
+    "model",
+    "ticker",
+    "status",
+    "started_at",
+    "ended_at",
+    "elapsed_s",
+    "input_tokens",
+    "output_tokens",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_steps",
+    "finish_reason",
+)
 
 
 class RunAcc:
@@ -107,52 +125,42 @@ class RunAcc:
         return min(m for n, m in named if n == best)
 
 
-def _int_sum(column: Any) -> Any:
+Runs = dict[Any, RunAcc]
+
+
+def _sum(column: Any) -> Any:
     return cast(func.coalesce(func.sum(column), 0), BigInteger)
 
 
-def _spec_sums() -> list[Any]:
-    """Over the ok calls: how many have a block, and Σ of each of its counters (`RunAcc.spec`)."""
-    of_ok = [case((calls.c.status == "ok", column), else_=None) for column in _SPEC_COLUMNS]
-    return [cast(func.count(of_ok[2]), Integer), *(_int_sum(column) for column in of_ok)]
+def _count(condition: ColumnElement[bool]) -> Any:
+    return _sum(case((condition, 1), else_=0))
 
 
-def _rate() -> Any:
-    return case(
-        (and_(calls.c.status == "ok", calls.c.elapsed_s > 0), calls.c.output_tokens / calls.c.elapsed_s), else_=None
+async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where) -> Runs:
+    """The one definition of a run's totals: the calls in `c` (columns of the calls read model) matching
+    `where`, grouped by `key`, their run."""
+    ok = c.status == "ok"
+    rate = case((and_(ok, c.elapsed_s > 0), c.output_tokens / c.elapsed_s), else_=None)
+    spec = [case((ok, v), else_=None) for v in (c.spec_draft_tokens, c.spec_accepted_tokens, c.spec_steps)]
+    totals = select(
+        key,
+        func.count(),
+        _count(c.status.in_(FAILED_STATUSES)),
+        _count(c.status == NO_END_STATUS),
+        _sum(c.input_tokens),
+        _sum(c.output_tokens),
+        func.min(c.started_at),
+        func.max(c.started_at),
+        func.max(c.ended_at),
+        func.sum(rate),
+        cast(func.count(rate), Integer),
+        cast(func.count(spec[2]), Integer),  # over the ok calls: how many have a block, Σ of each counter
+        *(_sum(v) for v in spec),
+        cast(func.count(c.finish_reason), Integer),
+        _count(c.finish_reason.in_(TRUNCATED_REASONS)),
     )
-
-
-async def _tagged(
-    conn: AsyncConnection, version: int, run: str | None, selected: Sequence[ColumnElement[bool]]
-) -> dict[str, RunAcc]:
-    where: list[ColumnElement[bool]] = [calls.c.version == version, calls.c.run.is_not(None), *selected]
-    if run is not None:
-        where.append(calls.c.run == run)
-    failed = _int_sum(case((calls.c.status.in_(FAILED_STATUSES), 1), else_=0))
-    incomplete = _int_sum(case((calls.c.status == NO_END_STATUS, 1), else_=0))
-    query = (
-        select(
-            calls.c.run,
-            func.count(),
-            failed,
-            incomplete,
-            _int_sum(calls.c.input_tokens),
-            _int_sum(calls.c.output_tokens),
-            func.min(calls.c.started_at),
-            func.max(calls.c.started_at),
-            func.max(calls.c.ended_at),
-            func.sum(_rate()),
-            cast(func.count(_rate()), Integer),
-            *_spec_sums(),
-            cast(func.count(calls.c.finish_reason), Integer),
-            _int_sum(case((calls.c.finish_reason.in_(TRUNCATED_REASONS), 1), else_=0)),
-        )
-        .where(*where)
-        .group_by(calls.c.run)
-    )
-    runs: dict[str, RunAcc] = {}
-    for r in await conn.execute(query):
+    runs: Runs = {}
+    for r in await conn.execute(totals.where(*where).group_by(key)):
         acc = runs[r[0]] = RunAcc()
         acc.calls, acc.failed, acc.incomplete, acc.input, acc.output = (int(r[i]) for i in range(1, 6))
         acc.first_start, acc.last_start, acc.last_end = r[6], r[7], r[8]
@@ -161,103 +169,64 @@ async def _tagged(
         acc.reasoned, acc.truncated = int(r[15]), int(r[16])
     if not runs:
         return runs
-    models = select(calls.c.run, calls.c.model, func.count()).where(*where).group_by(calls.c.run, calls.c.model)
-    for r in await conn.execute(models):
+    for r in await conn.execute(select(key, c.model, func.count()).where(*where).group_by(key, c.model)):
         runs[r[0]].models[r[1]] = int(r[2])
-    tickers = (
-        select(
-            calls.c.run,
-            calls.c.ticker,
-            func.count(),
-            _int_sum(calls.c.input_tokens),
-            _int_sum(calls.c.output_tokens),
-        )
-        .where(*where, calls.c.ticker.is_not(None))
-        .group_by(calls.c.run, calls.c.ticker)
-    )
-    for r in await conn.execute(tickers):
+    tickers = select(key, c.ticker, func.count(), _sum(c.input_tokens), _sum(c.output_tokens))
+    for r in await conn.execute(tickers.where(*where, c.ticker.is_not(None)).group_by(key, c.ticker)):
         runs[r[0]].tickers[r[1]] = [int(r[2]), int(r[3]), int(r[4])]
     return runs
+
+
+async def _tagged(conn: AsyncConnection, version: int, run: str | None, selected: Where) -> Runs:
+    where = [calls.c.version == version, calls.c.run.is_not(None), *selected]
+    if run is not None:
+        where.append(calls.c.run == run)
+    return await _accumulate(conn, calls.c, calls.c.run, where)
 
 
 def auto_name(first_start: datetime) -> str:
     return AUTO_PREFIX + first_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-async def _untagged(
-    conn: AsyncConnection, version: int, run_gap_s: float, selected: Sequence[ColumnElement[bool]]
-) -> dict[str, RunAcc]:
-    """Gap-cut runs of the untagged calls; with `selected`, runs are cut over all calls (names do not
-    depend on a filter) and accumulate only the selected ones."""
+def _gap_runs(version: int, run_gap_s: float, selected: Where) -> Subquery:
+    """The untagged calls, each with `number`, its run's place in start order, and `chosen`: whether
+    it matches `selected`."""
     c = calls.c
-    chosen = case((and_(*selected), 1), else_=0) if selected else literal(1)
-    query = (
+    order = (c.started_at, c.call_id)
+    seen = (
         select(
-            c.started_at,
-            c.ended_at,
-            c.status,
-            c.input_tokens,
-            c.output_tokens,
-            c.elapsed_s,
-            c.ticker,
-            c.model,
-            chosen,
-            *_SPEC_COLUMNS,
-            c.finish_reason,
+            *(c[name] for name in _ROW_COLUMNS),
+            (case((and_(*selected), 1), else_=0) if selected else literal(1)).label("chosen"),
+            func.max(func.coalesce(c.ended_at, c.started_at)).over(order_by=order, rows=(None, -1)).label("horizon"),
         )
         .where(c.version == version, c.run.is_(None))
-        .order_by(c.started_at, c.call_id)
+        .subquery()
     )
-    runs: dict[str, RunAcc] = {}
+    s = seen.c
+    cut = case((or_(s.horizon.is_(None), seconds_between(s.started_at, s.horizon) > run_gap_s), 1), else_=0)
+    number = func.sum(cut).over(order_by=(s.started_at, s.call_id), rows=(None, 0))
+    return select(seen, number.label("number")).subquery()
+
+
+async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float, selected: Where) -> Runs:
+    """Gap-cut runs of the untagged calls; with `selected`, runs are cut and named over all calls (names
+    do not depend on a filter) and accumulate only the selected ones."""
+    rows = _gap_runs(version, run_gap_s, selected)
+    numbered = await _accumulate(conn, rows.c, rows.c.number, [rows.c.chosen == 1] if selected else [])
+    if selected:
+        every = select(rows.c.number, func.min(rows.c.started_at)).group_by(rows.c.number)
+        firsts = {number: first for number, first in await conn.execute(every)}
+    else:
+        firsts = {number: acc.first_start for number, acc in numbered.items()}
+    runs: Runs = {}
     names: set[str] = set()
-    name = ""
-    acc: RunAcc | None = None
-    horizon: datetime | None = None
-    result = await conn.stream(query)
-    async for part in result.partitions(5000):
-        for started, ended, status, tin, tout, elapsed, ticker, model, keep, draft, accepted, steps, reason in part:
-            if horizon is None or (started - horizon).total_seconds() > run_gap_s:
-                name = auto_name(started)
-                while name in names:
-                    name += "+"
-                names.add(name)
-                acc = None
-                horizon = started
-            horizon = max(horizon, ended or started)
-            if not keep:
-                continue
-            if acc is None:
-                acc = runs[name] = RunAcc()
-                acc.first_start = started
-            acc.calls += 1
-            acc.input += tin
-            acc.output += tout
-            acc.last_start = started
-            if ended is not None and (acc.last_end is None or ended > acc.last_end):
-                acc.last_end = ended
-            if status in FAILED_STATUSES:
-                acc.failed += 1
-            elif status == NO_END_STATUS:
-                acc.incomplete += 1
-            elif status == "ok":
-                if elapsed and elapsed > 0:
-                    acc.rate_sum += tout / elapsed
-                    acc.rate_calls += 1
-                if steps is not None:
-                    spec = acc.spec
-                    spec[0] += 1
-                    spec[1] += draft
-                    spec[2] += accepted
-                    spec[3] += steps
-            if reason is not None:
-                acc.reasoned += 1
-                acc.truncated += reason in TRUNCATED_REASONS
-            acc.models[model] = acc.models.get(model, 0) + 1
-            if ticker is not None:
-                t = acc.tickers.setdefault(ticker, [0, 0, 0])
-                t[0] += 1
-                t[1] += tin
-                t[2] += tout
+    for number in sorted(firsts):
+        name = auto_name(firsts[number])
+        while name in names:  # another run started in the same second
+            name += "+"
+        names.add(name)
+        if number in numbered:
+            runs[name] = numbered[number]
     return runs
 
 
