@@ -1,9 +1,9 @@
 """Per-run totals, shared by the runs and tickers reports: one SQL aggregate for both kinds of run.
 
 A tagged run is the calls of one `run` tag. Untagged calls, in start order, are cut into runs wherever
-a call starts more than `run_gap_s` after the latest end so far (a call without an end counts its
-start); each such run is named `auto-<first start, UTC, ISO seconds>`. The cut is a window over the
-calls read model, so an untagged run is summed by the very query a tagged one is, grouped by its number.
+a call starts more than `run_gap_s` after every earlier call's start and end; each such run is named
+`auto-<first start, UTC, ISO seconds>`. The cuts are a window over the calls read model, so an untagged
+run is summed by the very query a tagged one is, grouped by its first start instead of its tag.
 """
 
 from __future__ import annotations
@@ -12,11 +12,25 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Subquery, and_, case, cast, func, literal, or_, select
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    Integer,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    literal_column,
+    null,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.ledger.schema import seconds_between
+from usage_ledger.ledger.schema import UTCDateTime, seconds_between
 from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunSpan, RunStats, SpecBlocks
 from usage_ledger.projections.tables import calls
 
@@ -25,22 +39,6 @@ __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
 AUTO_PREFIX = "auto-"
 
 Where = Sequence[ColumnElement[bool]]
-# what a run's totals read of a call (`_accumulate`), and the order runs are cut in
-_ROW_COLUMNS = (
-    "call_id",
-    "model",
-    "ticker",
-    "status",
-    "started_at",
-    "ended_at",
-    "elapsed_s",
-    "input_tokens",
-    "output_tokens",
-    "spec_draft_tokens",
-    "spec_accepted_tokens",
-    "spec_steps",
-    "finish_reason",
-)
 
 
 class RunAcc:
@@ -138,17 +136,20 @@ def _count(condition: ColumnElement[bool]) -> Any:
 
 async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where) -> Runs:
     """The one definition of a run's totals: the calls in `c` (columns of the calls read model) matching
-    `where`, grouped by `key`, their run."""
+    `where`, grouped by `key`, their run. One statement (totals, then per model, per ticker), so that
+    what `key` is read from is worked out once."""
     ok = c.status == "ok"
     rate = case((and_(ok, c.elapsed_s > 0), c.output_tokens / c.elapsed_s), else_=None)
     spec = [case((ok, v), else_=None) for v in (c.spec_draft_tokens, c.spec_accepted_tokens, c.spec_steps)]
     totals = select(
+        literal_column("0"),
         key,
+        null(),
         func.count(),
-        _count(c.status.in_(FAILED_STATUSES)),
-        _count(c.status == NO_END_STATUS),
         _sum(c.input_tokens),
         _sum(c.output_tokens),
+        _count(c.status.in_(FAILED_STATUSES)),
+        _count(c.status == NO_END_STATUS),
         func.min(c.started_at),
         func.max(c.started_at),
         func.max(c.ended_at),
@@ -159,21 +160,29 @@ async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where) -> 
         cast(func.count(c.finish_reason), Integer),
         _count(c.finish_reason.in_(TRUNCATED_REASONS)),
     )
+    rest = [null()] * (len(totals.selected_columns) - 6)
+    models = select(literal_column("1"), key, c.model, func.count(), null(), null(), *rest)
+    tickers = select(
+        literal_column("2"), key, c.ticker, func.count(), _sum(c.input_tokens), _sum(c.output_tokens), *rest
+    )
+    statement = union_all(
+        totals.where(*where).group_by(key),
+        models.where(*where).group_by(key, c.model),
+        tickers.where(*where, c.ticker.is_not(None)).group_by(key, c.ticker),
+    )
     runs: Runs = {}
-    for r in await conn.execute(totals.where(*where).group_by(key)):
-        acc = runs[r[0]] = RunAcc()
-        acc.calls, acc.failed, acc.incomplete, acc.input, acc.output = (int(r[i]) for i in range(1, 6))
-        acc.first_start, acc.last_start, acc.last_end = r[6], r[7], r[8]
-        acc.rate_sum, acc.rate_calls = float(r[9] or 0.0), int(r[10])
-        acc.spec = [int(v) for v in r[11:15]]
-        acc.reasoned, acc.truncated = int(r[15]), int(r[16])
-    if not runs:
-        return runs
-    for r in await conn.execute(select(key, c.model, func.count()).where(*where).group_by(key, c.model)):
-        runs[r[0]].models[r[1]] = int(r[2])
-    tickers = select(key, c.ticker, func.count(), _sum(c.input_tokens), _sum(c.output_tokens))
-    for r in await conn.execute(tickers.where(*where, c.ticker.is_not(None)).group_by(key, c.ticker)):
-        runs[r[0]].tickers[r[1]] = [int(r[2]), int(r[3]), int(r[4])]
+    for kind, run, label, count, tin, tout, *r in sorted(await conn.execute(statement), key=lambda r: int(r[0])):
+        if int(kind) == 1:
+            runs[run].models[label] = int(count)
+        elif int(kind) == 2:
+            runs[run].tickers[label] = [int(count), int(tin), int(tout)]
+        else:
+            acc = runs[run] = RunAcc()
+            acc.calls, acc.input, acc.output, acc.failed, acc.incomplete = (int(v) for v in (count, tin, tout, *r[:2]))
+            acc.first_start, acc.last_start, acc.last_end = r[2:5]
+            acc.rate_sum, acc.rate_calls = float(r[5] or 0.0), int(r[6])
+            acc.spec = [int(v) for v in r[7:11]]
+            acc.reasoned, acc.truncated = int(r[11]), int(r[12])
     return runs
 
 
@@ -188,45 +197,49 @@ def auto_name(first_start: datetime) -> str:
     return AUTO_PREFIX + first_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _gap_runs(version: int, run_gap_s: float, selected: Where) -> Subquery:
-    """The untagged calls, each with `number`, its run's place in start order, and `chosen`: whether
-    it matches `selected`."""
+def _run_bounds(version: int, run_gap_s: float) -> CTE:
+    """Each untagged run's first start (`first`) and the next run's (`next`): a call opens a run when it
+    starts more than `run_gap_s` after every earlier call's start and end. Calls that start together are
+    never cut apart, so the window needs only the start order of the index."""
     c = calls.c
-    order = (c.started_at, c.call_id)
+    latest = case((c.ended_at > c.started_at, c.ended_at), else_=c.started_at)
     seen = (
-        select(
-            *(c[name] for name in _ROW_COLUMNS),
-            (case((and_(*selected), 1), else_=0) if selected else literal(1)).label("chosen"),
-            func.max(func.coalesce(c.ended_at, c.started_at)).over(order_by=order, rows=(None, -1)).label("horizon"),
-        )
+        select(c.started_at, func.max(latest).over(order_by=c.started_at, rows=(None, -1)).label("horizon"))
         .where(c.version == version, c.run.is_(None))
         .subquery()
     )
     s = seen.c
-    cut = case((or_(s.horizon.is_(None), seconds_between(s.started_at, s.horizon) > run_gap_s), 1), else_=0)
-    number = func.sum(cut).over(order_by=(s.started_at, s.call_id), rows=(None, 0))
-    return select(seen, number.label("number")).subquery()
+    opens = seconds_between(s.started_at, s.horizon) > run_gap_s
+    if run_gap_s >= 0:  # then only a call after the horizon can: comparing moments spares most calls the arithmetic
+        opens = and_(s.started_at > s.horizon, opens)
+    firsts = (
+        select(s.started_at.label("first"))
+        .where(or_(s.horizon.is_(None), opens))
+        .distinct()  # under a negative gap, calls that start together would each open one
+        .subquery()
+    )
+    after_all = literal(datetime.max.replace(tzinfo=UTC), UTCDateTime())
+    following = func.lead(firsts.c.first, 1, after_all).over(order_by=firsts.c.first)
+    return select(firsts.c.first, following.label("next")).cte("run_bounds")  # one CTE for the 3 parts
 
 
 async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float, selected: Where) -> Runs:
     """Gap-cut runs of the untagged calls; with `selected`, runs are cut and named over all calls (names
     do not depend on a filter) and accumulate only the selected ones."""
-    rows = _gap_runs(version, run_gap_s, selected)
-    numbered = await _accumulate(conn, rows.c, rows.c.number, [rows.c.chosen == 1] if selected else [])
-    if selected:
-        every = select(rows.c.number, func.min(rows.c.started_at)).group_by(rows.c.number)
-        firsts = {number: first for number, first in await conn.execute(every)}
-    else:
-        firsts = {number: acc.first_start for number, acc in numbered.items()}
+    bounds = _run_bounds(version, run_gap_s)
+    c, b = calls.c, bounds.c
+    within = [c.version == version, c.run.is_(None), c.started_at >= b.first, c.started_at < b.next]
+    by_first = await _accumulate(conn, c, b.first, [*within, *selected])
+    firsts = sorted((await conn.execute(select(b.first))).scalars()) if selected else sorted(by_first)
     runs: Runs = {}
     names: set[str] = set()
-    for number in sorted(firsts):
-        name = auto_name(firsts[number])
+    for first in firsts:
+        name = auto_name(first)
         while name in names:  # another run started in the same second
             name += "+"
         names.add(name)
-        if number in numbered:
-            runs[name] = numbered[number]
+        if first in by_first:
+            runs[name] = by_first[first]
     return runs
 
 
