@@ -20,7 +20,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal,
     literal_column,
     null,
     or_,
@@ -30,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.ledger.schema import UTCDateTime, seconds_between
+from usage_ledger.ledger.schema import seconds_between
 from usage_ledger.projections import FAILED_STATUSES, NO_END_STATUS, TRUNCATED_REASONS, RunSpan, RunStats, SpecBlocks
 from usage_ledger.projections.tables import calls
 
@@ -39,6 +38,21 @@ __all__ = ("AUTO_PREFIX", "RunAcc", "collect_runs", "run_filter")
 AUTO_PREFIX = "auto-"
 
 Where = Sequence[ColumnElement[bool]]
+# what a run's totals read of a call (`_accumulate`)
+_ROW_COLUMNS = (
+    "model",
+    "ticker",
+    "status",
+    "started_at",
+    "ended_at",
+    "elapsed_s",
+    "input_tokens",
+    "output_tokens",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "spec_steps",
+    "finish_reason",
+)
 
 
 class RunAcc:
@@ -134,10 +148,11 @@ def _count(condition: ColumnElement[bool]) -> Any:
     return _sum(case((condition, 1), else_=0))
 
 
-async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where) -> Runs:
+async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where, *, every_run: bool = False) -> Runs:
     """The one definition of a run's totals: the calls in `c` (columns of the calls read model) matching
     `where`, grouped by `key`, their run. One statement (totals, then per model, per ticker), so that
-    what `key` is read from is worked out once."""
+    what `key` is read from is worked out once. `every_run`: runs without a call matching `where` too,
+    empty."""
     ok = c.status == "ok"
     rate = case((and_(ok, c.elapsed_s > 0), c.output_tokens / c.elapsed_s), else_=None)
     spec = [case((ok, v), else_=None) for v in (c.spec_draft_tokens, c.spec_accepted_tokens, c.spec_steps)]
@@ -165,14 +180,20 @@ async def _accumulate(conn: AsyncConnection, c: Any, key: Any, where: Where) -> 
     tickers = select(
         literal_column("2"), key, c.ticker, func.count(), _sum(c.input_tokens), _sum(c.output_tokens), *rest
     )
-    statement = union_all(
+    parts = [
         totals.where(*where).group_by(key),
         models.where(*where).group_by(key, c.model),
         tickers.where(*where, c.ticker.is_not(None)).group_by(key, c.ticker),
-    )
+    ]
+    if every_run:
+        parts.append(select(literal_column("3"), key, *[null()] * (len(rest) + 4)).group_by(key))
     runs: Runs = {}
-    for kind, run, label, count, tin, tout, *r in sorted(await conn.execute(statement), key=lambda r: int(r[0])):
-        if int(kind) == 1:
+    for kind, run, label, count, tin, tout, *r in sorted(
+        await conn.execute(union_all(*parts)), key=lambda r: int(r[0])
+    ):
+        if int(kind) == 3:
+            runs.setdefault(run, RunAcc())
+        elif int(kind) == 1:
             runs[run].models[label] = int(count)
         elif int(kind) == 2:
             runs[run].tickers[label] = [int(count), int(tin), int(tout)]
@@ -197,14 +218,19 @@ def auto_name(first_start: datetime) -> str:
     return AUTO_PREFIX + first_start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _run_bounds(version: int, run_gap_s: float) -> CTE:
-    """Each untagged run's first start (`first`) and the next run's (`next`): a call opens a run when it
-    starts more than `run_gap_s` after every earlier call's start and end. Calls that start together are
-    never cut apart, so the window needs only the start order of the index."""
+def _gap_runs(version: int, run_gap_s: float, selected: Where) -> CTE:
+    """The untagged calls, each with `first`, the first start of its run, and `chosen`: whether it
+    matches `selected`. A call opens a run when it starts more than `run_gap_s` after every earlier
+    call's start and end, so calls that start together are never cut apart: the windows need only the
+    start order of the index."""
     c = calls.c
     latest = case((c.ended_at > c.started_at, c.ended_at), else_=c.started_at)
     seen = (
-        select(c.started_at, func.max(latest).over(order_by=c.started_at, rows=(None, -1)).label("horizon"))
+        select(
+            *(c[name] for name in _ROW_COLUMNS),
+            (case((and_(*selected), 1), else_=0) if selected else literal_column("1")).label("chosen"),
+            func.max(latest).over(order_by=c.started_at, rows=(None, -1)).label("horizon"),
+        )
         .where(c.version == version, c.run.is_(None))
         .subquery()
     )
@@ -212,33 +238,25 @@ def _run_bounds(version: int, run_gap_s: float) -> CTE:
     opens = seconds_between(s.started_at, s.horizon) > run_gap_s
     if run_gap_s >= 0:  # then only a call after the horizon can: comparing moments spares most calls the arithmetic
         opens = and_(s.started_at > s.horizon, opens)
-    firsts = (
-        select(s.started_at.label("first"))
-        .where(or_(s.horizon.is_(None), opens))
-        .distinct()  # under a negative gap, calls that start together would each open one
-        .subquery()
-    )
-    after_all = literal(datetime.max.replace(tzinfo=UTC), UTCDateTime())
-    following = func.lead(firsts.c.first, 1, after_all).over(order_by=firsts.c.first)
-    return select(firsts.c.first, following.label("next")).cte("run_bounds")  # one CTE for the 3 parts
+    # the latest first start so far, calls that start together included (the default frame)
+    first = func.max(case((or_(s.horizon.is_(None), opens), s.started_at))).over(order_by=s.started_at)
+    return select(*(s[name] for name in (*_ROW_COLUMNS, "chosen")), first.label("first")).cte("gap_runs")
 
 
 async def _untagged(conn: AsyncConnection, version: int, run_gap_s: float, selected: Where) -> Runs:
     """Gap-cut runs of the untagged calls; with `selected`, runs are cut and named over all calls (names
     do not depend on a filter) and accumulate only the selected ones."""
-    bounds = _run_bounds(version, run_gap_s)
-    c, b = calls.c, bounds.c
-    within = [c.version == version, c.run.is_(None), c.started_at >= b.first, c.started_at < b.next]
-    by_first = await _accumulate(conn, c, b.first, [*within, *selected])
-    firsts = sorted((await conn.execute(select(b.first))).scalars()) if selected else sorted(by_first)
+    rows = _gap_runs(version, run_gap_s, selected)
+    chosen = [rows.c.chosen == 1] if selected else []
+    by_first = await _accumulate(conn, rows.c, rows.c.first, chosen, every_run=bool(selected))
     runs: Runs = {}
     names: set[str] = set()
-    for first in firsts:
+    for first in sorted(by_first):
         name = auto_name(first)
         while name in names:  # another run started in the same second
             name += "+"
         names.add(name)
-        if first in by_first:
+        if by_first[first].calls:
             runs[name] = by_first[first]
     return runs
 
