@@ -13,11 +13,13 @@ from sqlalchemy import BigInteger, ColumnElement, Delete, Table, cast, func, sel
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from usage_ledger.ledger.backend import Appender, Checkpoint
 from usage_ledger.ledger.events import utc_now
 from usage_ledger.ledger.pg_append import PostgresAppender
-from usage_ledger.ledger.schema import checkpoints
+from usage_ledger.ledger.schema import checkpoints, seconds_between
 
 __all__ = ("POSTGRESQL",)
 
@@ -170,3 +172,9 @@ class _Postgresql:
 
 
 POSTGRESQL = _Postgresql()
+
+
+@compiles(seconds_between, "postgresql")
+def _postgresql_seconds_between(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
+    later, earlier = (compiler.process(arg, **kw) for arg in element.clauses)
+    return f"CAST(EXTRACT(EPOCH FROM ({later}) - ({earlier})) AS DOUBLE PRECISION)"

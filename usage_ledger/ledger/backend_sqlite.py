@@ -15,10 +15,12 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from usage_ledger.ledger.backend import Appender, Checkpoint
 from usage_ledger.ledger.events import utc_now
-from usage_ledger.ledger.schema import UTCDateTime, checkpoints, sqlite_bind, sqlite_time
+from usage_ledger.ledger.schema import UTCDateTime, checkpoints, seconds_between, sqlite_bind, sqlite_time
 from usage_ledger.ledger.sqlite_append import SqliteAppender
 from usage_ledger.ledger.sqlite_digest import digest_rows
 
@@ -192,3 +194,16 @@ def _install_hooks(engine: AsyncEngine, synchronous: str) -> None:
 
 
 SQLITE = _Sqlite()
+
+
+@compiles(seconds_between, "sqlite")
+def _sqlite_seconds_between(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
+    later, earlier = (_sqlite_microseconds(compiler.process(arg, **kw)) for arg in element.clauses)
+    return f"(({later}) - ({earlier})) / 1000000.0"
+
+
+def _sqlite_microseconds(text: str) -> str:
+    """`sqlite_time`'s text as integer microseconds since 1970: whole seconds by `strftime`, then the fraction
+    (SQLite's own arithmetic on times keeps milliseconds only). `text` is rendered twice: a column, not a value."""
+    whole = f"CAST(strftime('%s', substr({text}, 1, 19)) AS INTEGER)"
+    return f"{whole} * 1000000 + CAST(round(CAST(substr({text}, 20) AS REAL) * 1000000) AS INTEGER)"

@@ -26,8 +26,6 @@ from sqlalchemy import (
     TypeDecorator,
     Uuid,
 )
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 __all__ = (
@@ -80,29 +78,11 @@ def sqlite_time(moment: datetime) -> str:
 
 class seconds_between(FunctionElement[float]):  # lower case, as SQLAlchemy names its SQL functions
     """`seconds_between(later, earlier)`: the seconds from one `UTCDateTime` column to another, the float
-    Python's `(later - earlier).total_seconds()` gives (exact microseconds, one rounding), in SQL."""
+    Python's `(later - earlier).total_seconds()` gives (exact microseconds, one rounding), in SQL; each backend
+    module compiles it for its database."""
 
     type = Float()
     inherit_cache = True
-
-
-@compiles(seconds_between, "sqlite")
-def _sqlite_seconds_between(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
-    later, earlier = (_sqlite_microseconds(compiler.process(arg, **kw)) for arg in element.clauses)
-    return f"(({later}) - ({earlier})) / 1000000.0"
-
-
-def _sqlite_microseconds(text: str) -> str:
-    """`sqlite_time`'s text as integer microseconds since 1970: whole seconds by `strftime`, then the fraction
-    (SQLite's own arithmetic on times keeps milliseconds only). `text` is rendered twice: a column, not a value."""
-    whole = f"CAST(strftime('%s', substr({text}, 1, 19)) AS INTEGER)"
-    return f"{whole} * 1000000 + CAST(round(CAST(substr({text}, 20) AS REAL) * 1000000) AS INTEGER)"
-
-
-@compiles(seconds_between, "postgresql")
-def _postgresql_seconds_between(element: seconds_between, compiler: SQLCompiler, **kw: Any) -> str:
-    later, earlier = (compiler.process(arg, **kw) for arg in element.clauses)
-    return f"CAST(EXTRACT(EPOCH FROM ({later}) - ({earlier})) AS DOUBLE PRECISION)"
 
 
 def sqlite_bind(value: Any) -> Any:
