@@ -1,7 +1,7 @@
 """Printing report rows: a rich table, a JSON array (msgspec) or CSV (nested fields flattened).
 
 Tables fit the terminal (DESIGN §6: a 100-column terminal must not cut cells to 3 characters):
-a row type may register a compact default column set (`compact_columns`); `columns=` picks any
+a row type has a compact default column set (`_COMPACT`); `columns=` picks any
 flattened fields, `wide=True` shows them all at their natural width (for `less -S`). In the
 default view the table is fitted by `usage_ledger.narrow`: long text shortened, zero-only columns,
 then the lowest priority ones (`_PRIORITY`; a column without one goes first, from the right) left
@@ -37,7 +37,6 @@ from usage_ledger.projections import ProjectionError
 __all__ = (
     "DEFAULT_WIDTH",
     "UnknownColumns",
-    "compact_columns",
     "flatten",
     "parse_columns",
     "print_rows",
@@ -143,24 +142,6 @@ _WHOLE: dict[str, frozenset[str]] = {
 
 class UnknownColumns(ProjectionError):
     """`--columns` named a field the rows do not have (exit 2, listing the valid names)."""
-
-
-def compact_columns(
-    row_type: type[msgspec.Struct],
-    names: Sequence[str],
-    *,
-    when_present: Sequence[str] = (),
-    priority: dict[str, float] | None = None,
-    keep: Sequence[str] = (),
-) -> None:
-    """Register the default table columns of `row_type` (flattened names); `when_present` ones only if non-null;
-    `priority`: which stay longest on a narrow terminal; `keep`: never left out."""
-    _COMPACT[row_type.__name__] = tuple(names)
-    _OPTIONAL[row_type.__name__] = frozenset(when_present)
-    if priority is not None:
-        _PRIORITY[row_type.__name__] = dict(priority)
-    if keep:
-        _KEEP[row_type.__name__] = frozenset(keep)
 
 
 def flatten(row: msgspec.Struct) -> dict[str, Any]:

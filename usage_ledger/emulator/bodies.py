@@ -1,8 +1,4 @@
-"""Non-streamed response bodies (chat, completions, models) in vLLM 0.32's field layout.
-
-vLLM dumps these with `model_dump()`: every field is present, nulls included; a chat message
-drops `tool_calls` while it is empty.
-"""
+"""Non-streamed response bodies (chat, completions, models) in vLLM 0.32's field layout (docs/emulator.md)."""
 
 from __future__ import annotations
 

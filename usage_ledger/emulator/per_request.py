@@ -1,18 +1,7 @@
 """vLLM's per-request `metrics` block (`--enable-per-request-metrics`, `--per-request-spec-decode-metrics`).
 
-vLLM 0.32 (`build_per_request_timing_metrics`, `build_spec_decoding_metrics`,
-`RequestSpecDecodeMetrics.to_dict`) builds it per response:
-
-- timing, with `--enable-per-request-metrics`: `time_to_first_token_ms` (scheduled -> first
-  token), `generation_time_ms` (first -> last token), `queue_time_ms` (queued -> scheduled),
-  `mean_itl_ms` (decode time / (tokens - 1), null for one token), `tokens_per_second` (tokens
-  / (scheduled -> last token)); each null when its timestamps are missing.
-- `speculative_decoding`, with `--per-request-spec-decode-metrics summary|detailed` (and
-  speculative decoding on): the acceptance counters; the block appears with null timings
-  when only this one is on. The Responses API carries the timing part only.
-
-Non-streamed bodies dump every field (nulls included: `"speculative_decoding": null`); the
-final stream chunk is dumped with `exclude_none`, so its nulls are dropped (`exclude_none`).
+Built as vLLM 0.32's `build_per_request_timing_metrics` / `build_spec_decoding_metrics` do; where the block
+goes and which keys it has: docs/emulator.md.
 """
 
 from __future__ import annotations

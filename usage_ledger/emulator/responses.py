@@ -1,17 +1,7 @@
 """`POST /v1/responses` (the Responses API), stream and not, as vLLM 0.32 serves a plain text model.
 
 The prompt is `instructions` as a system message followed by the `input` messages (a string is
-one user message). The answer is one assistant message. Usage is `input_tokens` /
-`output_tokens` / `total_tokens` with `input_tokens_details` / `output_tokens_details`; a
-response cut by `max_output_tokens` has `status: "incomplete"` and `incomplete_details:
-{"reason": "max_output_tokens"}`. With `--enable-per-request-metrics` the response carries the
-timing `metrics` (no speculative-decoding part: vLLM does not attach it here).
-
-A stream is typed SSE events, without `data: [DONE]`: `response.created`,
-`response.in_progress`, `response.output_item.added`, `response.content_part.added`,
-`response.output_text.delta` (one per engine step), `response.output_text.done`,
-`response.content_part.done`, `response.output_item.done`, `response.completed` (the final
-response with usage). Faults: `error-mid-stream` ends the stream with an `error` event.
+one user message); the answer is one assistant message. Usage, statuses and stream events: docs/emulator.md.
 """
 
 from __future__ import annotations

@@ -8,19 +8,9 @@ draft position is accepted with probability `r` given the previous one was (so t
 acceptance per drafted token equals `acceptance_rate`). A pooling sequence (embeddings) is
 done when its prefill completes and emits no token.
 
-KV cache (`emulator.kv_cache`): every planned sequence first reserves the blocks its step
-needs. When the pool is short, the scheduler preempts like vLLM's (recompute mode): the
-youngest running sequence not yet planned this step (possibly the one asking) loses its blocks
-and goes to the front of the waiting queue; re-admitted, it prefills its prompt and the tokens
-it already generated again, then carries on. Waiting sequences are admitted only while their
-first chunk fits, and not at all in a step that preempted (as vLLM does). Unlike vLLM, which
-walks the running batch once, decodes are still planned before partial prefills (the timing
-calibration depends on it).
-
-With `per_request_spec_decode_metrics` on, each sequence keeps vLLM's per-request counters
-(`RequestSpecDecodeMetrics`): a histogram of accepted drafts per verify step and the drafted
-total, plus the ordered per-step arrays at `detailed`. They only count; the draws and the
-timing are the same with the counters on or off.
+KV cache (`emulator.kv_cache`): every planned sequence first reserves its step's blocks; when the pool is
+short it preempts as vLLM's recompute mode does (docs/emulator.md, `vllm:num_preemptions_total`).
+Per-request spec-decode counters only count: the draws and the timing are the same with them on or off.
 """
 
 from __future__ import annotations

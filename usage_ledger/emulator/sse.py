@@ -1,22 +1,6 @@
 """SSE bytes for streamed chat/completions, as vLLM 0.32 sends them, constant parts precomputed.
 
-Each event is `data: {json}\\n\\n`. vLLM dumps each chunk with `exclude_unset`, so a key is
-there when vLLM's code set it, null or not:
-
-- chat, first chunk: `delta: {role, content: ""}`, `logprobs`, `finish_reason: null`, and the
-  top-level `prompt_token_ids: null`, `prompt_text: null`;
-- chat, content chunks (one per engine step): `delta: {content}`, `logprobs`, `finish_reason:
-  null`, `token_ids: null`; the last one carries `finish_reason` and `stop_reason`, and
-  `system_fingerprint` when no usage chunk follows;
-- completions: no role chunk; every choice has `index, text, logprobs, finish_reason,
-  stop_reason, prompt_token_ids, token_ids`;
-- continuous usage (`stream_options.continuous_usage_stats`, or `--enable-force-include-usage`)
-  adds `usage` to every chunk: chat `{prompt_tokens, total_tokens, completion_tokens,
-  completion_tokens_details: null}`, completions without `completion_tokens_details`;
-- with usage asked for (or forced): a usage-only chunk, `choices: []`, dumped with
-  `exclude_none` (no null keys), with `system_fingerprint` and the per-request `metrics` block
-  when there is one;
-- then `data: [DONE]`.
+Each event is `data: {json}\\n\\n`; which keys each chunk carries is in docs/emulator.md ("Shapes worth knowing").
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ __all__ = ("DEFAULT_DEADLINE_S", "ReplayOptions", "ReplayResult", "compare_repla
 DEFAULT_DEADLINE_S = 24 * 3600.0
 """A bound on the whole replay: the seed's dense run took 6 h 18 min (DESIGN §7); a day is ample."""
 CHECK_TIMEOUT_S = 30.0
+"""The most `GET /v1/models` may take (less when the deadline or the call timeout is shorter)."""
 UNREACHABLE_STREAK = 5
 """Calls in a row that found the upstream unreachable before the replay stops sending: a few, so a dead
 server costs a handful of recorded failures instead of the rest of the run (71 of 80 in issue #53)."""
@@ -56,7 +57,6 @@ UNREACHABLE = "upstream_unreachable"
 RESET = "upstream_reset"
 """A call the upstream dropped mid-answer: what the calls in flight get when it dies, so it neither counts
 towards the streak nor ends it."""
-"""The most `GET /v1/models` may take (less when the deadline or the call timeout is shorter)."""
 
 
 class ReplayOptions(msgspec.Struct, frozen=True, kw_only=True):
