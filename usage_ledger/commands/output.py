@@ -25,7 +25,6 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 from rich import box
-from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -305,13 +304,6 @@ def print_rows(
     whole = _WHOLE.get(type(rows[0]).__name__, frozenset())
     cells = {n: [_cell(round(r[n]) if n in whole and r[n] is not None else r[n], zone) for r in flat] for n in names}
     numeric = {n: _numeric([r[n] for r in flat]) for n in names}
-    console = _console(width)
-    if wide or columns is not None:  # asked for: natural width, even past the terminal
-        widths = {n: max(len(_SHORT.get(n, n)), *(cell_len(c) for c in cells[n])) for n in names}
-        console = _console(max(width, sum(widths.values()) + 3 * len(names) - 1))
-        _print_title(console, title)
-        console.print(_plain_table(names, cells, numeric))
-        return
     kind = type(rows[0]).__name__
     priority, keep = _PRIORITY.get(kind, {}), _KEEP.get(kind, frozenset())
     specs = [
@@ -324,7 +316,15 @@ def print_rows(
         )
         for i, n in enumerate(names)
     ]
-    fitted = fit_table(specs, [[cells[n][i] for n in names] for i in range(len(flat))], width)
+    table = [[cells[n][i] for n in names] for i in range(len(flat))]
+    if wide or columns is not None:  # asked for: natural width, even past the terminal
+        natural = fit_table(specs, table, sys.maxsize)
+        console = _console(max(width, natural.width))
+        _print_title(console, title)
+        console.print(natural.table)
+        return
+    fitted = fit_table(specs, table, width)
+    console = _console(width)
     _print_title(console, title)
     console.print(fitted.table)
     hidden = [names[i] for i in range(len(names)) if i not in fitted.shown]
@@ -332,15 +332,6 @@ def print_rows(
         more = f"{len(hidden)} more column{'s' if len(hidden) > 1 else ''}"
         note = f"{more} (--wide, --columns): {', '.join(hidden)}"
         console.print(clip(note, width), style="dim", markup=False)
-
-
-def _plain_table(names: Sequence[str], cells: dict[str, list[str]], numeric: dict[str, bool]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for name in names:
-        table.add_column(_SHORT.get(name, name), justify="right" if numeric[name] else "left", no_wrap=True)
-    for i in range(len(cells[names[0]])):
-        table.add_row(*(Text(cells[n][i]) for n in names))
-    return table
 
 
 def _print_record(row: dict[str, Any], names: Sequence[str], title: str, zone: ZoneInfo | None, width: int) -> None:
