@@ -1,11 +1,4 @@
-"""Per-request fault injection: the `X-Emulator-Fault` header and `--fault` flags.
-
-Comma-separated items:
-    error-mid-stream[=N]   after N content chunks, send an in-stream error event, then [DONE]
-    drop-mid-stream[=N]    after N content chunks (non-stream: half the body), drop the connection
-    slow-headers=SECONDS   wait SECONDS of real time before the response headers
-    status=CODE            answer CODE at once with a vLLM-shaped error body
-"""
+"""Per-request fault injection: the `X-Emulator-Fault` header and `--fault` flags (docs/emulator.md, "Faults")."""
 
 from __future__ import annotations
 

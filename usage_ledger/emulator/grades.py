@@ -1,18 +1,6 @@
 """The grade line (`EmulatorConfig.grade_line`): an answer that begins `Grade: Hold`, like the user's pipeline's.
 
-Off by default. When on, every chat and completions choice's text starts with `Grade: <label>` on a
-line of its own (then a blank line and the usual filler), as tokens of the answer: usage, lengths and
-timing are unchanged. The label is on `GRADE_SCALE` and is deterministic: the same model, seed, prompt
-and choice always give the same one; the seed is the request's `seed` (vLLM's sampling seed) or else
-the emulator's `--seed`.
-
-How the labels are drawn, to look like the user's repeated runs (DESIGN §7, docs/decide.md): every
-label is drawn from `GRADE_WEIGHTS` (Hold 76 %, the user's runs had 71-80 %). With probability
-`LEANING` it is the model's own leaning for the prompt, the same under every seed; otherwise a draw of
-the seed's own. Two runs with different seeds then agree on about LEANING² + (1 − LEANING²) × Σ wᵢ²
-≈ 64 % of keys, with a quadratic weighted kappa near LEANING² ≈ 0.12 (the user's three repetitions:
-56-61 of 99, mean QWK 0.12); two models, whose leanings are independent, agree only by chance
-(≈ 60 %, kappa ≈ 0). The answer says nothing true about the ticker: the grades are synthetic.
+How the labels are drawn, and why the shares and `LEANING` are what they are: docs/emulator.md ("The grade line").
 """
 
 from __future__ import annotations
