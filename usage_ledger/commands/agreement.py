@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,9 +19,6 @@ if TYPE_CHECKING:
     from usage_ledger.ledger import Database
 
 __all__ = ("add_agreement_parser", "agreement_command")
-
-_WIDTH = 100
-"""A table written off a terminal (a file, a pipe) is this wide."""
 
 
 def add_agreement_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -85,13 +80,6 @@ async def agreement_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _width() -> int:
-    columns = os.environ.get("COLUMNS", "")
-    if columns.isdigit():
-        return int(columns)
-    return shutil.get_terminal_size((_WIDTH, 24)).columns if sys.stdout.isatty() else _WIDTH
-
-
 def _table(console: Console, title: str, *columns: str) -> Table:
     from rich import box
     from rich.table import Table
@@ -119,7 +107,9 @@ def print_agreement(result: Agreement, *, key: str) -> None:
     """The report as tables: pairs, distribution, labels per run, rank IC, then the notes."""
     from rich.console import Console
 
-    console = Console(width=_width(), soft_wrap=False, highlight=False)
+    from usage_ledger.commands.output import terminal_width
+
+    console = Console(width=terminal_width(), soft_wrap=False, highlight=False)
     report = result.report
     console.print(f"[bold]Agreement[/bold] of {len(result.runs)} runs, one label per {key}")
     console.print("scale (lowest first): " + " < ".join(result.scale) if result.scale else "scale: no labels")

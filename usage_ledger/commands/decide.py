@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from usage_ledger.imports import Recorded
     from usage_ledger.projections import CostMeans
 
-from usage_ledger.commands.agreement import _width
 from usage_ledger.commands.support import add_db_option, async_command, checked_database, logged_settings
 
 __all__ = ("add_decide_parsers",)
@@ -210,7 +209,9 @@ def print_decision(result: Decision) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=_width(), soft_wrap=False, highlight=False)
+    from usage_ledger.commands.output import terminal_width
+
+    console = Console(width=terminal_width(), soft_wrap=False, highlight=False)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for i, name in enumerate(("figure", "a", "b")):  # long run names fold, the figures' names never
         table.add_column(name, justify="left" if i == 0 else "right", overflow="fold", no_wrap=i == 0)
