@@ -28,10 +28,10 @@ __all__ = ("register",)
 def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     *,
-    background: BackgroundFactory | None = None,
-    api: RoutersFactory | None = None,
-    ui: RoutersFactory | None = None,
-    erase_older: EraseOlder | None = None,
+    background: BackgroundFactory,
+    api: RoutersFactory,
+    ui: RoutersFactory,
+    erase_older: EraseOlder,
 ) -> None:
     """Add `ledger serve`; `background` gives the coroutines that run for the server's life (by the
     settings), `api` the read-API routers under `/_ledger/api`, `ui` the dashboard under `/_ledger/ui/`,
@@ -59,36 +59,32 @@ def register(
         help="a request body slower than this after its first 10 s is cut with 408 (default 500; 0: no minimum; "
         "else LEDGER_MIN_BODY_RATE)",
     )
-    if erase_older is not None:
-        parser.add_argument(
-            "--keep-bodies",
-            dest="keep_bodies_days",
-            type=float,
-            metavar="DAYS",
-            help="erase the request and response bodies of calls older than DAYS, in the background (usage and "
-            "the chain stay; else LEDGER_KEEP_BODIES_DAYS)",
-        )
-    if background:
-        parser.add_argument(
-            "--no-projections",
-            dest="no_background",
-            action="store_true",
-            help="do not keep the read models current in this process (run `ledger projections run --follow` "
-            "once elsewhere, e.g. beside several replicas)",
-        )
+    parser.add_argument(
+        "--keep-bodies",
+        dest="keep_bodies_days",
+        type=float,
+        metavar="DAYS",
+        help="erase the request and response bodies of calls older than DAYS, in the background (usage and "
+        "the chain stay; else LEDGER_KEEP_BODIES_DAYS)",
+    )
+    parser.add_argument(
+        "--no-projections",
+        dest="no_background",
+        action="store_true",
+        help="do not keep the read models current in this process (run `ledger projections run --follow` "
+        "once elsewhere, e.g. beside several replicas)",
+    )
     parser.set_defaults(
-        func=lambda args: _serve(
-            args, None if getattr(args, "no_background", False) else background, api, ui, erase_older
-        )
+        func=lambda args: _serve(args, None if args.no_background else background, api, ui, erase_older)
     )
 
 
 def _serve(
     args: argparse.Namespace,
     background: BackgroundFactory | None,
-    api: RoutersFactory | None,
-    ui: RoutersFactory | None,
-    erase_older: EraseOlder | None,
+    api: RoutersFactory,
+    ui: RoutersFactory,
+    erase_older: EraseOlder,
 ) -> int:
     from usage_ledger.gateway import serve
     from usage_ledger.ledger import LedgerError, configure_logging
@@ -96,7 +92,7 @@ def _serve(
 
     names = ("upstream", "host", "port", "durability", "database_url", "state_dir", "spool_dir", "min_body_rate")
     try:
-        flags = {name: getattr(args, name, None) for name in (*names, "keep_bodies_days")}
+        flags = {name: getattr(args, name) for name in (*names, "keep_bodies_days")}
         settings = load_settings(os.environ, flags)
     except LedgerError as exc:
         print(f"ledger: error: {exc}", file=sys.stderr)
@@ -107,8 +103,8 @@ def _serve(
         settings.gateway,
         settings.storage,
         background=background(settings) if background is not None else (),
-        api=(lambda database: api(database, settings)) if api is not None else None,
-        ui=(lambda database: ui(database, settings)) if ui is not None else None,
+        api=lambda database: api(database, settings),
+        ui=lambda database: ui(database, settings),
         erase_older=erase_older,
     )
     try:

@@ -48,14 +48,9 @@ def progress(unit: str) -> Progress:
 
 
 def advance(bar: Progress, task: TaskID) -> Callable[[int, int], None]:
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return update
+    return lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def stage(bar: Progress, task: TaskID, what: str) -> Callable[[str], None]:
-    def update(text: str) -> None:
-        bar.update(task, description=f"{what}: {text}", refresh=True)  # a step can outlast many refreshes
-
-    return update
+    # refresh: a step can outlast many refreshes
+    return lambda text: bar.update(task, description=f"{what}: {text}", refresh=True)

@@ -79,11 +79,8 @@ async def erase_older(database: Database, days: float, *, after_batch: Callable[
     """`ledger serve --keep-bodies DAYS`: erase the bodies of calls started more than `days` ago (the gateway's
     follower keeps the read model; calls it has not folded yet are outside the selection)."""
     selection = BodySelection(before=datetime.now(UTC) - timedelta(days=days))
-    return await erase_selected(database, selection, keep_reason(days), refresh=False, after_batch=after_batch)
-
-
-def keep_reason(days: float) -> str:
-    return f"retention: bodies are kept {days:g} days (ledger serve --keep-bodies)"
+    reason = f"retention: bodies are kept {days:g} days (ledger serve --keep-bodies)"
+    return await erase_selected(database, selection, reason, refresh=False, after_batch=after_batch)
 
 
 def parse_before(text: str) -> datetime:
