@@ -2,10 +2,7 @@
 
 It owns what a terminal needs: the settings (the replay's own spool beside a running `ledger
 serve`'s), quiet logs under the progress bar, Ctrl-C (the first stops cleanly, a second at once),
-the comparison, and the summary line printed last. Exit codes: 0 every call answered 2xx; 1 some
-failed (said in the last line), or the deadline or an unreachable upstream stopped it; 2 bad usage, an
-upstream that does not answer GET /v1/models, or one that does not list the recorded models while no
---model is given (nothing sent or recorded); 130 Ctrl-C.
+the comparison, and the summary line printed last. Exit codes: docs/decide.md ("Replay").
 """
 
 from __future__ import annotations

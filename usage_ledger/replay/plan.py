@@ -1,15 +1,8 @@
 """What `ledger replay` sends: the recorded requests of a run, in start order, and why some are skipped.
 
-A request is replayed as the gateway recorded it in `call.started`: method, path, the query without
-secret parameters, the headers that shape how the body is read (`REPLAYED_HEADERS`; never a
-credential, and the ledger holds none but fingerprints), and the request body blob byte for byte.
-`--model` changes only the bytes of the top-level `model` value (`with_model`). Tags come from the
-calls projection, so a `call.retagged` correction is replayed as corrected.
-
-A call is skipped, and counted under its reason, when it has no request to send: an imported call
-(history without bodies), a request without a body, a body redacted (`ledger redact`) or not in
-the blob store. Bodies are read when their request is dispatched (`load_body`), not all up front:
-the seed run (1,700 calls, ~10.8k-token prompts, DESIGN §7) holds some 70 MB of them.
+What is sent and what is skipped: docs/decide.md ("Replay"). Bodies are read when their request is
+dispatched (`load_body`), not all up front: the seed run (1,700 calls, ~10.8k-token prompts, DESIGN §7)
+holds some 70 MB of them.
 """
 
 from __future__ import annotations
