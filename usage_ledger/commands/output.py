@@ -1,12 +1,9 @@
 """Printing report rows: a rich table, a JSON array (msgspec) or CSV (nested fields flattened).
 
 Tables fit the terminal (DESIGN §6: a 100-column terminal must not cut cells to 3 characters):
-a row type has a compact default column set (`_COMPACT`); `columns=` picks any
-flattened fields, `wide=True` shows them all at their natural width (for `less -S`). In the
-default view the table is fitted by `usage_ledger.narrow`: long text shortened, zero-only columns,
-then the lowest priority ones (`_PRIORITY`; a column without one goes first, from the right) left
-out, and a note says which; the row's name and its key figure (`_KEEP`: throughput) always stay.
-Numbers are right-aligned with thousands separators.
+a row type has a compact default column set (`_COMPACT`); `columns=` picks any flattened fields,
+`wide=True` shows them all at their natural width (for `less -S`). The default view is fitted by
+`usage_ledger.narrow` (`_PRIORITY`, `_KEEP`), and a note names the columns left out.
 JSON and CSV are machine formats: every field, raw values, whatever the terminal.
 """
 

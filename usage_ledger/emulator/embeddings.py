@@ -4,10 +4,7 @@ Each input (a string, a list of strings, a list of token ids or a list of such l
 pooling request in the engine: it is prefilled like any prompt (same step-time model, counted
 in `vllm:prompt_tokens_total` and `vllm:request_success_total{finished_reason="stop"}`) and
 generates no token. The vector is a deterministic unit vector drawn from the input, of
-`dimensions` (or `embedding_dim`) floats; `encoding_format: "base64"` sends it as float32
-bytes. The body is vLLM's `model_dump()`: `{id, object: "list", created, model, data: [{index,
-object: "embedding", embedding}], usage}` where usage has `prompt_tokens == total_tokens`,
-`completion_tokens: 0` and null details.
+`dimensions` (or `embedding_dim`) floats. The body and its usage: docs/emulator.md.
 """
 
 from __future__ import annotations

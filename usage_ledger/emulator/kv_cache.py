@@ -1,10 +1,6 @@
 """vLLM's KV block pool reduced to counts: how many blocks each running sequence holds.
 
-A sequence holds `ceil(tokens / block_size)` blocks for the tokens whose KV it keeps (prompt
-and generated tokens, plus the slots of the step being computed); blocks only grow while it
-runs and all go back to the pool when it finishes, is aborted or is preempted. With prefix
-caching off (the seed's setting) nothing outlives its request, so `usage` is what vLLM's
-`vllm:kv_cache_usage_perc` reports: the share of the pool the running requests hold.
+What a sequence holds and when it gives its blocks back: docs/emulator.md (`vllm:kv_cache_usage_perc`).
 """
 
 from __future__ import annotations
