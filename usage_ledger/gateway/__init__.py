@@ -24,9 +24,6 @@ relaying streamed calls on SQLite, 2026-12-05, put in the order the code calls t
       metrics, limits
     ledger        writer (group commit) → append → events, blobs, chunk_gaps, counts, _rows, chain, schema
                   → _thread + sqlite_append (or pg_append)
-
-The HTTP layer is the gateway's own, `gateway._http` (issue #38: kept by measurement against uvicorn,
-granian, aiohttp and httpx; docs/BENCHMARKS.md, "The gateway's HTTP stack").
 """
 
 from __future__ import annotations

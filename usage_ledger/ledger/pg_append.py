@@ -1,41 +1,7 @@
 """PostgreSQL appends on a dedicated thread with its own event loop and connection.
 
-Serialization: the one-row `ledger_head` (last position and hash) is locked and read in one
-statement, `SELECT … FOR UPDATE`; an appender that finds it locked waits for the holder's COMMIT
-and then reads the head that commit left (READ COMMITTED re-reads a row locked concurrently), so
-commit order = position order and the chain has one head. What the lock covers is kept short:
-
-- Bodies are inserted **before** it, in their own transaction (`ON CONFLICT DO NOTHING`: idempotent
-  by hash, they need no position). Not in the events' transaction: two appenders inserting the same
-  hash would wait on each other's uncommitted row, one of them holding the head. That transaction
-  commits with `synchronous_commit` off: the append's flush (below), later in the same WAL, flushes
-  it too (and a body another appender already stored, being earlier in the WAL), so a stored event
-  never names a lost body, and no append waits for a second flush per batch. A batch that fails
-  after its bodies were committed leaves them unreferenced, harmless, until its events arrive (from
-  the spool).
-- Under it: the rows are built on this thread (positions and hashes: `_rows.build_rows`, the
-  chain's one definition), one statement inserts them and moves the head, then COMMIT. For a batch
-  of up to `_WRITTEN_OUT_MAX` events (a gateway's) the statement and its COMMIT go in one message
-  (`_written_out`), so the head is held for one turn of this thread, not two: the server
-  commits without waiting for the thread to wake again (docs/scaling.md §1).
-- Not under it: the WAL flush. The events' transaction commits with `synchronous_commit` off, which
-  releases the head as soon as the commit is in the WAL, and the same message then commits a
-  transaction that writes one WAL record (`_COMMIT`) with the session's own setting: its COMMIT waits
-  for the WAL up to it, so for the events' commit before it, and for a synchronous standby if one is
-  configured. An append returns only after that, so it is as durable as before. What changes: other
-  connections may see the events before they are on disk. An appender that chains onto them, or a
-  follower that folds them, commits later in the same WAL, so its flush covers them; only a reader
-  outside PostgreSQL (an export) could see events that a server crash in that millisecond loses, and
-  their gateway, told of no success, appends them again. Flushes outside the lock can be shared
-  (PostgreSQL's group commit), where under it each waited for the one before.
-- On its own thread: the gateway's event loop, busy serving HTTP, is no longer between the
-  statements of a transaction that holds the head (it was most of the hold: docs/scaling.md).
-
-A holder that stops (a paused VM, a long GC, a SIGSTOP, a half-open connection) must not stall every other
-appender: each append's transactions begin with `SET LOCAL lock_timeout` (a waiter gives up and the writer spools,
-as in an outage; `DatabaseUnavailable`) and `SET LOCAL idle_in_transaction_session_timeout` (the server ends the
-transaction of a holder that stops between its statements, so the head is freed; the holder, once it wakes, finds
-its connection gone and spools what it did not commit). Both ride in the BEGIN's message: no extra round trip.
+The design (the `ledger_head` row lock, bodies committed before it, one message with the COMMIT under it, the WAL
+flush out of it, the bounds on a stopped holder) is docs/scaling.md §1; the why of each step is there.
 
 A stream (`stream`: `ledger import`'s file) is one transaction over many batches, each chained by
 the same `_insert_events` in a savepoint (its optimistic insert may be redone). It holds the head
@@ -72,9 +38,7 @@ _Step = tuple[Callable[..., Awaitable[Any]], tuple[Any, ...], "asyncio.AbstractE
 
 _json = msgspec.json.Encoder()
 _WRITTEN_OUT_MAX = 64
-"""Events up to which an append's rows go in one message with its COMMIT (`_written_out`): a gateway's
-batches are a few events. Bigger ones (`append_events` of a file) go as binary arrays, then COMMIT: the form the
-server reads cheapest, where one turn more under the lock is little next to the batch (docs/scaling.md §1)."""
+"""Events up to which an append's rows go in one message with its COMMIT (`_written_out`; docs/scaling.md §1)."""
 _BEGIN = (
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit TO off; "
     "SET LOCAL lock_timeout = {lock_ms}; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}"
@@ -82,9 +46,8 @@ _BEGIN = (
 """An append's transactions (its bodies', its events'), with the bounds of `PostgresAppender` (0: none)."""
 _LOCK_NOT_AVAILABLE = "55P03"  # lock_timeout expired
 _COMMIT = "COMMIT; BEGIN; SELECT pg_logical_emit_message(true, 'usage-ledger', 'flush'); COMMIT"
-"""An append's COMMIT (not waiting for the WAL flush), then a transaction whose COMMIT waits for the WAL to be
-flushed up to it (a transactional message gives it a transaction id and a WAL record: a COMMIT without both does
-not wait). A batch of stored events only is flushed too: another appender may have stored them, unflushed."""
+"""An append's COMMIT (not waiting for the WAL flush), then a transaction whose COMMIT waits for it (a
+transactional message gives it an id and a WAL record: a COMMIT without both does not wait; docs/scaling.md §1)."""
 _READ_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 _STORED_IDS = "SELECT event_id FROM ledger_events WHERE event_id = ANY($1::uuid[])"
 _INSERT_EVENTS = """
@@ -249,16 +212,18 @@ class PostgresAppender:
         await self._guarded(work())
 
     async def _stream_add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
-        if self._stream is None:
-            raise LedgerError(f"append to {self._safe_url} failed: the stream's transaction has ended")
+        self._open_stream()
         conn = self._conn
         return await self._guarded(self._chain(conn, batch, recorded_at, conn.transaction))
 
     async def _stream_commit(self) -> None:
+        transaction, self._stream = self._open_stream(), None
+        await self._guarded(transaction.commit())
+
+    def _open_stream(self) -> Any:
         if self._stream is None:
             raise LedgerError(f"append to {self._safe_url} failed: the stream's transaction has ended")
-        transaction, self._stream = self._stream, None
-        await self._guarded(transaction.commit())
+        return self._stream
 
     async def _chain(
         self, conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, scope: Callable[[], Any]

@@ -8,16 +8,10 @@
                                            from the upstream connection's protocol callback
     AbortSignal                            raised by a handler to drop the connection (no error log)
 
-Why hand-written, not a maintained server and client (issue #38): measured side by side against
-uvicorn (httptools) + aiohttp, the gateway's ASGI app on them, by `bench/stacks.py` (`bench/gateway.py`
-on the emulator and on real vLLM, `bench/saturated.py`; docs/BENCHMARKS.md, "The gateway's HTTP
-stack", 2026-12-06), uvicorn + aiohttp were behind by more than the 15 % the issue allows: added
-latency +31 % on the emulator and +20 % on real vLLM, added TTFT +130 % and +50 %, gateway CPU per
-relayed chunk +64 %; and at 0.65 of the direct chunk rate against this code's 0.89 with a
-CPU-saturated upstream. Granian cost more CPU per chunk than uvicorn (2026-12-05), httpx more than
-aiohttp. The difference is the design, not a tunable: here what each upstream read brings is written
-to the client's transport from the upstream connection's `data_received`, where an awaiting client
-under an ASGI server wakes the call's task per chunk and crosses the server's `send`.
+Why hand-written, not a maintained server and client (issue #38): uvicorn + aiohttp (and granian, httpx) were
+behind by more than the 15 % the issue allows, measured side by side (docs/BENCHMARKS.md, "The gateway's HTTP
+stack"). The difference is the design: what each upstream read brings is written to the client's transport from
+the upstream connection's `data_received`, not by waking the call's task per chunk.
 """
 
 from __future__ import annotations

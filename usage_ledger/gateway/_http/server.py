@@ -12,16 +12,8 @@ Content-Length or chunked (HTTP/1.0 clients: by closing). Backpressure both ways
 stops reading pauses the upstream (`Exchange.flow`), a client that sends more than one request
 ahead is not read until its turn. A malformed request gets a 400 and the connection is closed.
 
-Slow and large traffic is bounded (`gateway.limits.ServerLimits`, `_http.guard`): a request head
-must be complete within `head_timeout_s` (else 408); a body may pause at most `body_timeout_s` and
-must average `min_body_rate` once its grace has passed (else 408; the call was never handed over,
-so nothing is recorded); an idle keep-alive connection closes after `keepalive_idle_s`. At
-`max_connections` the connection that has held its slot longest without doing its part is closed to
-make room: the longest waiting without a request in progress (idle, or still sending its head), or the
-body furthest behind `min_body_rate` (`_http.state`); if every one is busy (requests whole, bodies on
-pace) the new connection gets a 503 and is closed. A request head over `MAX_HEAD_BYTES`, counted as
-it arrives, gets a 431. Request bodies held at once are bounded by `max_request_bytes_in_flight` (a
-request over it: 503).
+Slow and large traffic is bounded (`gateway.limits.ServerLimits`, `_http.guard`, `_http.state`): what each
+limit does and answers is docs/configuration.md, "Limits for slow and large traffic".
 
 `HttpServer.shutdown()` stops accepting, closes idle connections, lets requests in flight finish
 (up to a grace period), then closes the rest (their calls are recorded as client disconnects).
