@@ -92,7 +92,13 @@ async def serve(
 
     The port is bound first: a start that fails there (a busy port) creates nothing; then the state directory
     (`gateway.state`), the database, the key, the writer and its spool."""
-    sock = _bind(settings)
+    try:
+        sock = bind_socket(settings.host, settings.port)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
+            "stop what uses that port, or give another with --port / LEDGER_PORT"
+        ) from None
     try:
         adopt_legacy_state(storage, settings, Path.cwd())
         await _serve_on(sock, settings, storage, background=background, api=api, ui=ui, erase_older=erase_older)
@@ -236,25 +242,6 @@ async def _stop_tasks(tasks: Sequence[asyncio.Task[None]]) -> None:
             await task
 
 
-def _state_paths(settings: GatewaySettings, storage: StorageSettings) -> dict[str, str]:
-    """Where the gateway keeps its state, for the start-up line."""
-    return {
-        "state_dir": os.path.abspath(storage.state_dir),
-        "spool": os.path.abspath(storage.spool_dir),
-        "fingerprint_key": str(key_file_path(settings, storage.spool_dir)[0]),
-    }
-
-
-def _bind(settings: GatewaySettings) -> socket.socket:
-    try:
-        return bind_socket(settings.host, settings.port)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
-            "stop what uses that port, or give another with --port / LEDGER_PORT"
-        ) from None
-
-
 async def _run_server(
     app: GatewayApp, settings: GatewaySettings, storage: StorageSettings, sock: socket.socket
 ) -> None:
@@ -282,6 +269,15 @@ async def _run_server(
             )
             await stop.wait()
             log.info("gateway_stopping", connections=server.connections)
+
+
+def _state_paths(settings: GatewaySettings, storage: StorageSettings) -> dict[str, str]:
+    """Where the gateway keeps its state, for the start-up line (not in an async function: blocking os.path)."""
+    return {
+        "state_dir": os.path.abspath(storage.state_dir),
+        "spool": os.path.abspath(storage.spool_dir),
+        "fingerprint_key": str(key_file_path(settings, storage.spool_dir)[0]),
+    }
 
 
 @contextlib.contextmanager

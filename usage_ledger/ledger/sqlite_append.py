@@ -207,14 +207,8 @@ class SqliteAppender(ThreadConnection):
                 self._checkpointer.request()
 
     def _stream_begin(self) -> None:
-        try:
-            conn = self._connection()
-            # a stream's pages stay dirty until its COMMIT: beyond this many they spill to the WAL
-            conn.execute(f"PRAGMA cache_size={_STREAM_CACHE_KIB}")
-            _begin(conn)
-        except sqlite3.Error as exc:
-            self._reset()
-            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        # a stream's pages stay dirty until its COMMIT: beyond this many they spill to the WAL
+        self._begin_write(f"PRAGMA cache_size={_STREAM_CACHE_KIB}")
 
     def _stream_insert(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
         conn = self._stream_conn()
@@ -281,14 +275,8 @@ class SqliteAppender(ThreadConnection):
 
     def _transaction(self, work: Callable[[sqlite3.Connection], T], what: str = "write", durable: bool = True) -> T:
         """BEGIN IMMEDIATE (polled), `work`, COMMIT; ROLLBACK and the ledger's errors on failure."""
-        try:
-            conn = self._connection()
-            if not durable:
-                conn.execute("PRAGMA synchronous=NORMAL")  # outside a transaction: it cannot change inside one
-            _begin(conn)
-        except sqlite3.Error as exc:
-            self._reset()
-            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        # synchronous is set outside the transaction: it cannot change inside one
+        conn = self._begin_write(None if durable else "PRAGMA synchronous=NORMAL")
         try:
             result = work(conn)
             conn.execute("COMMIT")
@@ -301,6 +289,18 @@ class SqliteAppender(ThreadConnection):
                 except sqlite3.Error:
                     self._reset()  # the next use reconnects with the ledger's setting
         return result
+
+    def _begin_write(self, pragma: str | None) -> sqlite3.Connection:
+        """`pragma` (if any), then BEGIN IMMEDIATE (polled); a failure drops the connection: DatabaseUnavailable."""
+        try:
+            conn = self._connection()
+            if pragma is not None:
+                conn.execute(pragma)
+            _begin(conn)
+        except sqlite3.Error as exc:
+            self._reset()
+            raise DatabaseUnavailable(f"SQLite ledger {self.path} unavailable: {exc}") from exc
+        return conn
 
     def _undo(self, conn: sqlite3.Connection, exc: BaseException, what: str) -> NoReturn:
         """ROLLBACK after `exc`, then raise it: SQLite's errors as the ledger's, anything else as it is."""

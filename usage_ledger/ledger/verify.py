@@ -120,14 +120,7 @@ async def verify_chain_on(
                     if problem is None:
                         problem = clocks.problem(position, type_, occurred_at, recorded_at)
             if problem is not None:
-                return ChainReport(
-                    ok=False,
-                    checked=checked,
-                    head_position=expected_position - 1,
-                    head_hash=previous,
-                    first_bad_position=bad,
-                    problem=problem,
-                )
+                return _broken(checked, expected_position - 1, previous, bad, problem)
             if observer is not None and body is not None:
                 observer.row(position, event_id, stored_hash, recorded_at, body)
             previous = stored_hash
@@ -139,26 +132,23 @@ async def verify_chain_on(
     last = expected_position - 1
     out_of_step = await head_problem(conn, last, previous)
     if out_of_step is not None:
-        bad, problem = out_of_step
-        return ChainReport(
-            ok=False,
-            checked=checked,
-            head_position=last,
-            head_hash=previous,
-            first_bad_position=bad,
-            problem=problem,
-        )
+        return _broken(checked, last, previous, *out_of_step)
     if expect_head is not None and (last, previous) != expect_head:
         position, digest = expect_head
-        return ChainReport(
-            ok=False,
-            checked=checked,
-            head_position=last,
-            head_hash=previous,
-            first_bad_position=min(position, last + 1),
-            problem=f"head is {last}:{previous}, the anchor says {position}:{digest} (rows cut from the end?)",
-        )
+        problem = f"head is {last}:{previous}, the anchor says {position}:{digest} (rows cut from the end?)"
+        return _broken(checked, last, previous, min(position, last + 1), problem)
     return ChainReport(ok=True, checked=checked, head_position=last, head_hash=previous)
+
+
+def _broken(checked: int, head_position: int, head_hash: str, first_bad_position: int, problem: str) -> ChainReport:
+    return ChainReport(
+        ok=False,
+        checked=checked,
+        head_position=head_position,
+        head_hash=head_hash,
+        first_bad_position=first_bad_position,
+        problem=problem,
+    )
 
 
 async def head_problem(conn: AsyncConnection, last_position: int, last_hash: str) -> tuple[int, str] | None:
