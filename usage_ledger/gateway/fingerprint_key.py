@@ -1,22 +1,11 @@
 """The installation's fingerprint key: what makes a recorded secret's fingerprint useless offline.
 
-A secret header or query value is stored as `hmac-sha256:<key id>:<16 hex>`: HMAC-SHA-256 of the
-value under a random 256-bit key kept in a file outside the database. Without the key, a copy of
-the database cannot confirm a guessed API key; with it, equal secrets still get equal fingerprints
-(gateways sharing one key file — replicas on one database — agree). The key id (8 hex digits of a
-hash of the key, not of any secret) says which key made a fingerprint, so fingerprints from two
-keys are never mistaken for two different secrets. Events written before this carry the old
-`sha256:<12 hex>` (a public constant key): they stay as they are.
-
     load_fingerprint_key(settings, spool_dir)
       LEDGER_FINGERPRINT_KEY_FILE set   → read it; missing, unreadable or malformed: ConfigError (exit 2)
       unset → <parent of LEDGER_SPOOL_DIR>/ledger-fingerprint.key, created (mode 0600) on first start
 
-A configured file is never created: a missing one is usually a volume that did not mount, and a
-fresh key would silently make fingerprints that match none made before. A key file another user owns or
-may write, or one whose key is not random (every byte the same, such as all zeros), is refused: a planted
-key makes stored fingerprints testable offline. Readable by others is allowed with a warning (replicas may
-share one key read-only). These are the rules of every key file (`ledger.read_key_file`, `ledger.check_random`).
+The fingerprint's form, why a configured file is never created, and the rules of every key file
+(`ledger.read_key_file`, `ledger.check_random`): docs/configuration.md, "Security: secrets and the fingerprint key".
 """
 
 from __future__ import annotations

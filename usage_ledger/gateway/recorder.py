@@ -8,10 +8,8 @@ a call cut by a crash survives as started-not-finished; it awaits `finish()` bef
 response's last bytes. With async it waits for neither (`call.started` goes out once the request did).
 Group commit in the `EventWriter` batches concurrent calls into one transaction.
 
-When strict and `call.started` cannot be made durable anywhere (database and spool both fail, e.g. one
-full disk), `until_durable` raises `NotRecorded`: nothing was forwarded, and the proxy answers 503
-`ledger_unavailable`. When the final event cannot be, `finish()` raises it: the call must not end as if
-it were recorded, so the proxy drops the connection before the last bytes
+When strict and an event cannot be made durable anywhere, `until_durable` / `finish()` raise `NotRecorded`:
+the proxy answers 503 `ledger_unavailable` before forwarding, or drops the connection before the last bytes
 (docs/operations.md).
 """
 

@@ -1,16 +1,8 @@
 """Which names hold secrets, and the stored form of a query string (secret values fingerprinted).
 
-One rule for header names and query parameter names, case-insensitive, after percent-decoding:
-a name is secret if it contains one of `SECRET_WORDS` (`api_key`, `x-api-key`, `access_token`,
-`Authorization`, `client_secret`, `X-Amz-Signature`, …) or has one of `SECRET_NAME_PARTS` as a
-whole part between punctuation (`sig`, `x-sig`, `pwd`; not `design`). It errs towards hiding: a
-parameter like `author` or `keyword` is fingerprinted too, which costs its readable value, not the call.
-
-Only what is stored changes: the request goes upstream byte for byte. In the stored query each
-secret `name=value` keeps its name as sent and gets `name=<fingerprint>`; everything else —
-order, separators, encoding, repeated and empty parameters, parts without `=` — is kept byte for
-byte. The fingerprint is of the value as the upstream decodes it (`%2B` and `+` resolved), so the
-same key gives the same fingerprint in `?api-key=` and in an `api-key` header.
+One rule for header names and query parameter names (`SECRET_WORDS`, `SECRET_NAME_PARTS`); it errs towards
+hiding. Only what is stored changes: the request goes upstream byte for byte. The rule and the stored form:
+docs/configuration.md, "Security: secrets and the fingerprint key".
 """
 
 from __future__ import annotations

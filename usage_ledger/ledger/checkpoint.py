@@ -1,20 +1,8 @@
 """Signed checkpoints: the ledger's head at a size, as a C2SP tlog-checkpoint signed with Ed25519.
 
-A checkpoint is a C2SP signed note (https://c2sp.org/signed-note) whose text is
-
-    <origin>                            e.g. usage-ledger/<event id at position 1>
-    <size>                              number of events, decimal, no leading zeroes
-    <base64 of the 32-byte head hash>   the chain hash at position <size> (all zeroes for 0)
-    recorded-at <base64 of 32 bytes>    extension line: SHA-256 over (position, recorded_at) of 1..size
-
-followed by a blank line and `— <key name> <base64(key ID || Ed25519 signature over the text)>`,
-key ID = SHA-256(key name ‖ 0x0A ‖ 0x01 ‖ public key)[:4]. This ledger is a hash chain, not a
-Merkle tree: the "root hash" line is the chain head, so a checkpoint proves a prefix only to a
-verifier that re-reads the chain (`ledger verify --checkpoint`), not by a consistency proof.
-
-Keys: the private key is PEM PKCS#8 (mode 0600) after a `key-name:` comment line, read only if it is ours
-(`key_files`: owned by this user or root, writable by no one else, not all one byte); the public key
-file is the signed-note verifier key `<name>+<hex key ID>+<base64(0x01 ‖ public key)>`.
+The note's lines, the signature line, the key ID and the key files are docs/auditing.md, "Signed checkpoints"
+(Format, Keys). This ledger is a hash chain, not a Merkle tree: the "root hash" line is the chain head, so a
+checkpoint proves a prefix only to a verifier that re-reads the chain (`ledger verify --checkpoint`).
 """
 
 from __future__ import annotations

@@ -6,9 +6,7 @@ spool's key (`ledger.spool`) and the checkpoint signing key (`ledger.checkpoint`
     check_random(key, path, what, hint)
                                  ConfigError for a key whose bytes are all the same (all zeros: a planted key)
 
-A key another user owns or may write may have been planted: with a known fingerprint key stored fingerprints can
-be tested offline, with a known spool key forged records replay as the gateway's own, with a known signing key
-checkpoints can be forged. Readable by others is allowed (replicas may share one key read-only), and said.
+Why (what a planted key would allow): docs/configuration.md, "Every key file".
 """
 
 from __future__ import annotations

@@ -14,15 +14,9 @@ replayed. A record without a key (a msgpack body, no `0x00`: written before reco
 someone without the key) is damage too, unless the scan is asked to accept it (`ledger spool replay
 --accept-unkeyed`, never the gateway): then it is read and counted in `SpoolScan.unkeyed`.
 
-Reading: a record cut short at the end of the file (a crash mid-write) is reported and dropped.
-A damaged region before the end (bad length, checksum or body) is skipped so valid records after
-it are still read: a record whose checksum fails is skipped by its length when a good record
-follows there; otherwise the reader resynchronises on the next header whose length and CRC check
-out. After a length running past the end, a CRC-valid header is resynchronised on only if good
-records follow from it to the end of the file; otherwise (it may be a client's body quoting a
-record) the rest of the file is damage, kept and not replayed. Damaged bytes are
-reported in `SpoolScan.damaged`, and `recover()` moves them to a side file
-(`events.spool.quarantine-<UTC timestamp>-<offset>`) for inspection.
+Reading: a torn tail (a crash mid-write) is dropped; a damaged region before the end is skipped, the valid
+records after it still read, and never resynchronised on where it may be a body quoting a record (the rules:
+docs/RELIABILITY.md, "Spool faults"). `recover()` moves damage to `events.spool.quarantine-<UTC>-<offset>`.
 
 One process owns a spool directory at a time (an exclusive `flock`); replicas use their own.
 """
