@@ -1,10 +1,8 @@
 """`ledger serve --keep-bodies DAYS`: erase the bodies of calls older than DAYS, now and then, beside the calls.
 
 Which bodies are old is a question for the read models, which the gateway does not import: the composition
-hands in `EraseOlder` (the same erasure as `ledger redact --before`). Each pass erases in small batches (a
-batch's `blob.redacted` events are one short append, so recording calls waits milliseconds at most), logs
-one `bodies_erased` line and counts into the gateway's metrics. A pass that fails is logged and tried again
-at the next interval: the erasure resumes where it stopped.
+hands in `EraseOlder` (the same erasure as `ledger redact --before`). Passes, batches, logs and metrics:
+docs/operations.md, "Retention of bodies".
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """Sampling what the upstream server did: its `/metrics` (and `/v1/models`) as `server.sampled` events.
 
-`ledger serve` samples every `LEDGER_SERVER_SAMPLE_S` seconds (0 = off), at start (before it listens,
-waiting at most the sample timeout), when the first call of a run arrives and once a run has had no
-call in flight for `RUN_END_DELAY_S`, so that a run's window has a sample on each side
-(docs/server.md), and once more at shutdown. Sampling has its own connection and
-never waits on or delays a proxied call: it parses off the event loop, and a slow, failing or
-garbled `/metrics` costs a warning, not a call. An upstream without `/metrics` (404) turns it off.
+When it samples (an interval, a run's first call and end, start and shutdown) and why it never delays a call:
+docs/server.md, "Sampling". An upstream without `/metrics` (404) turns it off.
 """
 
 from __future__ import annotations

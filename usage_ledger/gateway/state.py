@@ -6,10 +6,8 @@ gateways left in the working directory taken into it.
       ledger-spool.key           the spool's key (`ledger.spool`)
       spool/events.spool         the outage spool, unless LEDGER_SPOOL_DIR
 
-Before the state directory, `ledger serve` kept `./ledger-fingerprint.key` and `./ledger-spool/` in the
-directory it was started from. `adopt_legacy_state` moves them into the state directory, with a log line each,
-so a key and a spool not yet replayed are never orphaned. It runs after the port is bound: a start that
-fails on a busy port creates and moves nothing.
+`adopt_legacy_state` moves an older gateway's `./ledger-fingerprint.key` and `./ledger-spool/` into it, so a key
+and a spool not yet replayed are never orphaned (docs/configuration.md, `LEDGER_STATE_DIR`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Appending events: one transaction per batch, serialized, gap-free, idempotent, hash-chained.
 
-Serialization: each backend's appender runs the whole batch on its own thread (`sqlite_append`,
-`pg_append`). SQLite begins with `BEGIN IMMEDIATE`; PostgreSQL locks the one-row `ledger_head` with
-`SELECT … FOR UPDATE`. Under that lock the tail (last position and hash) is read, already-stored
-event ids are dropped, the rest get consecutive positions and the head moves with them — so commit
-order = position order and a reader at `position > checkpoint` never skips an event.
+Serialization: each backend's appender runs the whole batch on its own thread under the ledger's write lock
+(`sqlite_append`, `pg_append`), so commit order = position order and a reader at `position > checkpoint`
+never skips an event.
 
 `appending` is the same append over many batches in one transaction (a file of `ledger import`:
 all of it or none, also across a kill, while memory holds one batch). Each batch is chained by the

@@ -1,14 +1,7 @@
 """Writing signed checkpoints while the gateway runs: on an interval, when a run ends, at shutdown.
 
-The checkpointer follows the committed chain on its own read connection, so proxying never waits
-for it; a failure to read or write is a logged warning and the next tick tries again. Rows it
-signs were verified as they arrived (hash recomputed from the previous one); rows already in the
-ledger at start-up are only linked and timed (run `ledger verify` before enabling checkpoints),
-and if the ledger no longer holds the newest checkpoint already in the directory it refuses to
-sign at all rather than vouch for a rewritten history.
-
-A run (the `X-Ledger-Run` tag) has no end event: it ends, for the checkpointer, when none of its
-calls has recorded an event for `RUN_IDLE_S`.
+It follows the committed chain on its own read connection, so proxying never waits for it; when it writes,
+what it signs and when it refuses to (a rewritten history): docs/auditing.md, "The gateway writes them".
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Erasing many bodies: a batch's `blob.redacted` events are appended first, then its bytes are erased.
 
-Each batch is two short transactions: the append (through the ledger's one append path, so the append
-lock is held only for that batch's events) and the erasure (an UPDATE the blob triggers allow). A run cut
-between them leaves bodies whose event exists but whose bytes remain; `erase_bodies` on the same hashes
-finishes those without appending again, and skips bodies already erased. Who selects the hashes (a run, an
-age) is the caller's business: the ledger knows bodies, not calls.
+Each batch is two short transactions (the ledger's one append path, then an UPDATE the blob triggers allow); a
+run cut between them is finished by running it again (docs/operations.md, "Retention of bodies"). Who selects
+the hashes (a run, an age) is the caller's business: the ledger knows bodies, not calls.
 """
 
 from __future__ import annotations

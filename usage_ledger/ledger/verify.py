@@ -1,15 +1,7 @@
 """Verifying the event table from stored bytes: positions 1..N without gaps, every hash recomputed,
-every `recorded_at` plausible.
-
-Catches an edited payload or column, a deleted row, swapped rows and an inserted row, whether or
-not the triggers were bypassed. `recorded_at` is not in the chain hash (the formula of stored
-events cannot change), so it is checked against its neighbours instead: never more than the clock
-skew before an earlier row's `recorded_at` or before its own `occurred_at` (imports excepted: their
-`occurred_at` is history), never after now. A signed checkpoint commits to every `recorded_at` up
-to its size exactly (`verify_ledger`). The `ledger_head` row, which appenders chain onto, must name the
-last row (`head_problem`): rows cut off the end with the head row left, or a moved head row, would have the
-next append leave a gap or fork. Rows cut off the end with the head row moved back too leave a shorter valid
-chain: compare the head with an anchor kept elsewhere (`--expect-head`, or a signed checkpoint).
+every `recorded_at` plausible (within the clock skew of its neighbours), and the `ledger_head` row naming the
+last row (`head_problem`). What each check catches and what it cannot: docs/auditing.md, "What `ledger verify`
+covers".
 """
 
 from __future__ import annotations

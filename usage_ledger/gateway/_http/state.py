@@ -1,10 +1,8 @@
 """What every connection of one server shares: its limits and metrics, the open and waiting connections, the
 bodies under way by their pace, the request-body budget, the handler and whether the server is stopping.
 
-At the connection cap a new connection is given the slot of the one that has held its own longest without doing
-its part (`make_room`): the longest waiting without a request under way (idle, or sending its head), or the body
-furthest behind the minimum body rate, whichever has been so for longer. Bodies on pace and requests that are
-whole are never closed for room; when every connection is one of those the new one is refused (503).
+At the connection cap `make_room` closes the connection that has held its slot longest without doing its part
+(the rule: docs/configuration.md, "Limits for slow and large traffic"); when none has, the new one gets a 503.
 """
 
 from __future__ import annotations
