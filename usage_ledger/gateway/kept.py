@@ -1,12 +1,8 @@
 """A response's bytes kept for its blob, within a per-call cap and a budget shared by all calls.
 
-The client always receives every byte (the relay forwards them as they come); only the copy kept
-for the ledger is bounded. A body over `max_stored_body_bytes` (known from its Content-Length, or
-once it grows past it), or one that finds the shared budget (`max_stored_bytes_in_flight`) full,
-is not stored: the final event has no `response_blob`, its true size, and
-`response_blob_omitted` saying why. Of such a body only the last `TAIL_BYTES` are kept (decoded
-if it was compressed), to read the usage a whole JSON body carries at its end; a stream's usage
-is read as it passes (`gateway.observed`), so nothing more is kept for it.
+The client always receives every byte; what a body over the cap or the budget records is in docs/configuration.md
+(`LEDGER_MAX_STORED_BODY_BYTES`). Of such a body only the last `TAIL_BYTES` are kept (decoded if it was
+compressed), to read the usage a whole JSON body carries at its end; a stream's is read as it passes.
 """
 
 from __future__ import annotations

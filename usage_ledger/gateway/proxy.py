@@ -4,13 +4,9 @@
                                                                                           │ SSE scanned on the side
                 strict: final bytes wait for the final event ◄────────────────────────────┘ (body / the stream's end marker)
 
-Bytes in = bytes out, with one exception: a stream that did not ask for usage is sent upstream
-with `stream_options.include_usage`, and what that changes is taken back from what the client
-gets (the usage-only chunk cut out, vLLM's `system_fingerprint` put back: `gateway.observed`).
-Upstream bytes are relayed from the upstream connection's protocol callback straight to the
-client's transport (`UpstreamResponse.pipe`, `Exchange.push`) by a `gateway.call.Call`. A client that
-disconnects cancels the upstream request (the call's task is cancelled). This is the only path:
-the tests drive it through the real server on a loopback port, as `ledger serve` runs it.
+Bytes in = bytes out, but for the usage a stream did not ask for: asked upstream, taken back from what the
+client gets (`gateway.observed`). This is the only path: the tests drive it through the real server on a
+loopback port, as `ledger serve` runs it.
 """
 
 from __future__ import annotations

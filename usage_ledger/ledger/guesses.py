@@ -3,8 +3,7 @@ on its JSON endpoints and on the gateway's admin API): per client, the first `FR
 nothing, then each further one shuts the door to that client for twice as long as the one before (1 s, 2 s,
 4 s … at most `MAX_LOCK_S`). While it is shut, a guess is answered 429 with `Retry-After` and the token is not
 even compared, so a right guess cannot be told from a wrong one. A right token clears the client's count; a
-client that stops guessing for `FORGET_S` is forgotten. 300 guesses took 2.3 s before; now they take a day
-(5 free, then 1 + 2 + … + 256 s, then 286 × 300 s).
+client that stops guessing for `FORGET_S` is forgotten (300 guesses: about a day, docs/RELIABILITY.md).
 
 A client is its address as the server sees it: behind a reverse proxy every browser is the proxy, and one
 guesser slows logins for all. Each door keeps its own count (the dashboard's and the admin API's).
