@@ -272,20 +272,16 @@ class EventWriter:
                 rechecking = self._failing is not None and self.spool is not None
                 if rechecking:
                     self._recheck()
+                timeout: float | None = None  # until the next submission
                 if self._spooling:  # no traffic: replay on the retry timer, not on the next request
                     if await self._try_replay():
                         continue
-                    self._wakeup = asyncio.get_running_loop().create_future()
-                    delay = max(0.0, self._next_retry - time.monotonic())
-                    await asyncio.wait([self._wakeup], timeout=delay)
-                    self._wakeup = None
-                    continue
+                    timeout = max(0.0, self._next_retry - time.monotonic())
+                elif rechecking:  # health recovers without traffic: look again on the retry timer
+                    timeout = self.retry_interval_s
                 self._wakeup = asyncio.get_running_loop().create_future()
-                if rechecking:  # health recovers without traffic: look again on the retry timer
-                    await asyncio.wait([self._wakeup], timeout=self.retry_interval_s)
-                    self._wakeup = None
-                else:
-                    await self._wakeup
+                await asyncio.wait([self._wakeup], timeout=timeout)
+                self._wakeup = None
                 continue
             await self._write(*self._take_batch())
 
