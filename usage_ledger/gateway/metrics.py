@@ -83,17 +83,19 @@ class Metrics:
     """Seconds from request received to the first token, calls that produced one."""
 
     def render(self, *, queue_depth: int, spool_bytes: int, spooling: bool, committed: int, spooled: int) -> str:
-        lines = [
-            "# HELP ledger_gateway_calls_total Calls proxied, by upstream status.",
-            "# TYPE ledger_gateway_calls_total counter",
-            *(f'ledger_gateway_calls_total{{status="{s}"}} {n}' for s, n in sorted(self.calls.items())),
-            "# HELP ledger_gateway_call_failures_total Calls that failed, by reason.",
-            "# TYPE ledger_gateway_call_failures_total counter",
-            *(f'ledger_gateway_call_failures_total{{reason="{r}"}} {n}' for r, n in sorted(self.failures.items())),
-            "# HELP ledger_gateway_usage_total Recorded calls by where their token counts came from.",
-            "# TYPE ledger_gateway_usage_total counter",
-            *(f'ledger_gateway_usage_total{{source="{u}"}} {n}' for u, n in sorted(self.usage_sources.items())),
-        ]
+        lines: list[str] = []
+        for name, label, counts, text in (
+            ("ledger_gateway_calls_total", "status", self.calls, "Calls proxied, by upstream status."),
+            ("ledger_gateway_call_failures_total", "reason", self.failures, "Calls that failed, by reason."),
+            (
+                "ledger_gateway_usage_total",
+                "source",
+                self.usage_sources,
+                "Recorded calls by where their token counts came from.",
+            ),
+        ):
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} counter"]
+            lines += (f'{name}{{{label}="{key}"}} {n}' for key, n in sorted(counts.items()))
         for name, kind, value, text in (
             ("ledger_gateway_in_flight", "gauge", self.in_flight, "Calls being proxied now."),
             ("ledger_gateway_stream_chunks_total", "counter", self.chunks, "SSE events relayed."),

@@ -94,10 +94,8 @@ class PostgresAppender:
         lock_timeout_s: float = 2.0,
         idle_in_transaction_timeout_s: float = 5.0,
     ) -> None:
-        """`lock_timeout_s`: how long an append waits for the head (or a body row) another appender holds before
-        it gives up (`DatabaseUnavailable`: the writer spools). `idle_in_transaction_timeout_s`: how long the
-        server lets this appender's transaction sit between statements before ending it (a healthy one takes a
-        few ms). 0: no bound (PostgreSQL's meaning)."""
+        """The timeouts are `LEDGER_PG_LOCK_TIMEOUT_S` and `LEDGER_PG_IDLE_IN_TRANSACTION_TIMEOUT_S`
+        (docs/configuration.md); 0: no bound (PostgreSQL's meaning)."""
         self._connect_kwargs = dict(connect_kwargs)
         self._safe_url = safe_url
         self._lock_timeout_s = lock_timeout_s
