@@ -1,11 +1,8 @@
 """The one plausibility rule for a call's counts (tokens, and vLLM's per-request speculative-decoding counters).
 
-A count is plausible when it is an integer (not a bool) from 0 to its field's bound (`COUNT_BOUNDS`).
-The rule is applied where a count enters the ledger (the gateway's usage, `ledger import`) and again
-wherever one is folded or summed (the calls read model), so ledgers that already hold an absurd count
-heal on rebuild. Events keep what was received, as received: the rule never edits a count, it says
-the count is `implausible` (the event's and the row's `usage_source`), and an implausible count enters
-no sum.
+A count is plausible when it is an integer (not a bool) from 0 to its field's bound (`COUNT_BOUNDS`). Where
+it is applied and what an implausible count does (kept as received, enters no sum): docs/auditing.md,
+`usage_source` `implausible`.
 
 Why 2³¹ − 1 per call: the longest context window of any served model is ~10⁷ tokens, so the bound is
 two orders of magnitude above anything a real call can count, and a reported count above it is a

@@ -14,9 +14,6 @@ ahead is not read until its turn. A malformed request gets a 400 and the connect
 
 Slow and large traffic is bounded (`gateway.limits.ServerLimits`, `_http.guard`, `_http.state`): what each
 limit does and answers is docs/configuration.md, "Limits for slow and large traffic".
-
-`HttpServer.shutdown()` stops accepting, closes idle connections, lets requests in flight finish
-(up to a grace period), then closes the rest (their calls are recorded as client disconnects).
 """
 
 from __future__ import annotations
