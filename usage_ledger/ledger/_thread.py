@@ -43,7 +43,7 @@ class ThreadConnection:
         self._jobs: _Jobs = queue.SimpleQueue()
         self._closed = False
         # a daemon: a database never disposed must not keep the interpreter from exiting
-        self._thread = threading.Thread(target=self._serve, name=thread_name, daemon=True)
+        self._thread = threading.Thread(target=_run_all, args=(self._jobs,), name=thread_name, daemon=True)
         self._thread.start()
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -69,9 +69,6 @@ class ThreadConnection:
         loan = Loan(finish)
         self._jobs.put((loan.serve, (), None, Future()))
         return loan
-
-    def _serve(self) -> None:
-        _run_all(self._jobs)
 
     def _stop(self) -> None:
         """Close the connection on its thread, then end the thread."""
