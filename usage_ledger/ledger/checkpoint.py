@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 import struct
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -121,7 +122,7 @@ class HeadTracker:
         )
 
 
-def derived_origin(first_event_id: str | None) -> str:
+def derived_origin(first_event_id: uuid.UUID | None) -> str:
     """The default origin: stable for a ledger's life, because its first event never changes."""
     if first_event_id is None:
         raise ConfigError("the ledger is empty: nothing to checkpoint yet (or set LEDGER_CHECKPOINT_ORIGIN)")

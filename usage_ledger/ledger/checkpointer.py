@@ -175,7 +175,7 @@ class Checkpointer:
         async with self.database.engine.connect() as conn:
             if self._origin is None and self._tracker.size == 0:
                 with contextlib.suppress(ConfigError):  # still empty: nothing to sign yet
-                    self._origin = await ledger_origin(conn, None)
+                    self._origin = await ledger_origin(conn)
             while True:
                 columns = (
                     (events.c.position, events.c.recorded_at, events.c.hash)

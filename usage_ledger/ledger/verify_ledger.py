@@ -91,7 +91,7 @@ async def verify_ledger(
             await conn.close()
     finally:
         references.close()
-    ledger_id = origin or (derived_origin(str(capture.first_id)) if capture.first_id is not None else None)
+    ledger_id = origin or (derived_origin(capture.first_id) if capture.first_id is not None else None)
     results.extend(_check(source, cp, chain, capture, ledger_id) for source, cp in opened)
     ok = chain.ok and blob_report is not None and blob_report.ok and all(r.ok for r in results)
     return LedgerReport(
@@ -116,16 +116,14 @@ async def chain_head(
     report = await verify_chain_on(conn, clock_skew=clock_skew, observer=tracker)
     if not report.ok:
         return report, None
-    name = origin or derived_origin(str(tracker.first_id) if tracker.first_id is not None else None)
+    name = origin or derived_origin(tracker.first_id)
     return report, tracker.tracker.checkpoint(name)
 
 
-async def ledger_origin(conn: AsyncConnection, configured: str | None) -> str:
-    """The configured origin, else the one derived from the event at position 1."""
-    if configured:
-        return configured
+async def ledger_origin(conn: AsyncConnection) -> str:
+    """The origin derived from the event at position 1 (`LEDGER_CHECKPOINT_ORIGIN` unset)."""
     first = (await conn.execute(select(events.c.event_id).where(events.c.position == 1))).scalar_one_or_none()
-    return derived_origin(str(first) if first is not None else None)
+    return derived_origin(first)
 
 
 class _HeadCapture:
