@@ -111,9 +111,8 @@ class _Sqlite:
         rows: Sequence[msgspec.Struct],
         checkpoint: Checkpoint | None = None,
     ) -> bool:
-        # The whole write in one call on the appender's thread, rows converted before the lock is taken:
-        # through aiosqlite its four statements held the lock 3-6 ms, and strict-mode appends waited that
-        # out (the gateway's p99). Not synced: see `SqliteAppender.transaction(durable=False)`.
+        # One call on the appender's thread, rows converted before the lock is taken (why, and why not
+        # synced: `SqliteAppender.transaction`).
         upsert = self._upserts.get(table.name) or self._upserts.setdefault(table.name, _upsert_sql(table))
         to_builtins, astuple = msgspec.to_builtins, msgspec.structs.astuple
         params = [to_builtins(astuple(row)) for row in rows]  # datetimes as RFC 3339 text, rewritten in SQL

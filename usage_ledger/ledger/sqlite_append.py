@@ -142,9 +142,8 @@ class SqliteAppender(ThreadConnection):
         """Run `work(conn)` in one write transaction on the appender's thread: one round trip.
 
         For other writers that share the ledger's write lock (the projection follower): through
-        aiosqlite each statement was a hop to its thread and back, and a follower's few statements
-        held the lock 3-6 ms, which strict-mode appends waited out. Errors as in `append`; an
-        exception from `work` rolls back and propagates as it is.
+        aiosqlite their few statements held the lock 3-6 ms, which strict-mode appends waited out.
+        Errors as in `append`; an exception from `work` rolls back and propagates as it is.
 
         `durable=False`: the COMMIT does not wait for the disk (`synchronous=NORMAL`), so the lock is
         not held through an fsync, for data that can be derived again (read models and their

@@ -13,9 +13,7 @@ Nothing is added to the request but `Host` and `Content-Length` when the client 
 is decoded from the response: bytes in = bytes out.
 
 A connection goes back to the pool only when its response was complete on the wire and
-keep-alive is allowed; anything else (closed early, cancelled, timed out) closes it. Failures
-come out as `UpstreamUnreachable` / `UpstreamTimeout` / `UpstreamReset`. `https://` upstreams
-are verified (certificate and host name) against the system's CAs or `LEDGER_UPSTREAM_CA_FILE`.
+keep-alive is allowed; anything else (closed early, cancelled, timed out) closes it.
 """
 
 from __future__ import annotations

@@ -6,9 +6,8 @@
 
 The read timeout is an idle timeout (no byte for `upstream_read_timeout_s` while reading) kept by
 one lazily re-armed timer per connection, not one timer per chunk. Reading pauses when a consumer
-lags by more than `HIGH_WATER` bytes, or while a piped consumer holds it (`hold`). A response head over
-`MAX_HEAD_BYTES` (counted as it arrives, interim responses included), or a chunked body's trailer section over it
-(the reads that carry no body byte, counted the same way), is an `UpstreamInvalid` and closes the connection.
+lags by more than `HIGH_WATER` bytes, or while a piped consumer holds it (`hold`). A head or trailer section over
+`MAX_HEAD_BYTES` is an `UpstreamInvalid` and closes the connection.
 """
 
 from __future__ import annotations
