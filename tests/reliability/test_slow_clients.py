@@ -168,6 +168,7 @@ async def test_trickling_bodies_under_an_fd_limit_lock_calls_out_for_less_than_3
             ]
         outcomes = Counter(await tricklers)
         too_slow = await _metric(gw.url, "ledger_gateway_request_bodies_too_slow_total")  # type: ignore[attr-defined]
+        shed = await _metric(gw.url, "ledger_gateway_connections_shed_total")  # type: ignore[attr-defined]
     finally:
         gw.stop()
     assert all(call.status == 200 and call.complete for call in after), [c.status for c in after]
@@ -175,7 +176,8 @@ async def test_trickling_bodies_under_an_fd_limit_lock_calls_out_for_less_than_3
     # cut for its pace (408), or refused at the cap: a 503, or only the close once more than
     # `LINGERING_MAX` refused connections linger at once (their answer may be lost to the reset)
     assert set(outcomes) <= {"408", "503", "closed", "reset"}, outcomes
-    assert too_slow == outcomes["408"] > 0
+    # a 408 is a body cut for its pace, or one furthest behind shed for room at the connection cap (a busy box)
+    assert 0 < too_slow <= outcomes["408"] <= too_slow + shed, (too_slow, shed, outcomes)
     ledger = await read_ledger(gw.db_url)  # type: ignore[attr-defined]
     assert len(ledger.started) == during.count(200) + len(after)  # the tricklers made no calls
 
