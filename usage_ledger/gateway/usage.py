@@ -209,7 +209,8 @@ def inspect_chunk(data: bytes) -> ChunkInfo:
     try:
         chunk = _chunk_decoder.decode(data)
     except msgspec.ValidationError:  # (a subclass of DecodeError: caught first)
-        return _inspect_odd_chunk(data)
+        odd = _odd_chunk(data)
+        return _EMPTY_CHUNK if odd is None else _chunk_info(odd, *_choice_tokens(odd.choices or []))
     except msgspec.DecodeError:
         standard = _as_standard_json(data)
         return _EMPTY_CHUNK if standard is None else inspect_chunk(standard)
@@ -218,30 +219,12 @@ def inspect_chunk(data: bytes) -> ChunkInfo:
     kind = chunk.type
     if _is_null(chunk.usage) and _is_null(chunk.error) and _is_null(chunk.metrics) and not reasons and kind is None:
         return TOKEN_CHUNK if tokens == 1 else ChunkInfo(tokens=tokens) if tokens else _EMPTY_CHUNK
-    return _chunk_info(
-        kind,
-        choices,
-        tokens,
-        reasons,
-        chunk.usage,
-        not _is_null(chunk.error),
-        chunk.metrics,
-        chunk.response,
-        chunk.system_fingerprint,
-    )
+    return _chunk_info(chunk, tokens, reasons)
 
 
-def _chunk_info(
-    kind: str | None,
-    choices: list[_Choice] | None,
-    tokens: int,
-    reasons: tuple[str, ...],
-    usage_raw: msgspec.Raw,
-    error: bool,
-    metrics_raw: msgspec.Raw,
-    response: _ResponseBody | None,
-    fingerprint: str | None,
-) -> ChunkInfo:
+def _chunk_info(chunk: _Chunk, tokens: int, reasons: tuple[str, ...]) -> ChunkInfo:
+    kind, choices, response = chunk.type, chunk.choices, chunk.response
+    usage_raw, metrics_raw = chunk.usage, chunk.metrics
     terminal = kind in _RESPONSE_ENDS
     if kind is not None and kind.endswith(".delta"):
         tokens += 1
@@ -260,21 +243,18 @@ def _chunk_info(
         tokens=tokens,
         finish_reasons=reasons,
         finish_choices=_finish_choices(choices, reasons),
-        error=error or kind in ("error", "response.failed"),
+        error=not _is_null(chunk.error) or kind in ("error", "response.failed"),
         terminal=terminal,
         metrics=_read_metrics(metrics_raw),
-        system_fingerprint=fingerprint,
+        system_fingerprint=chunk.system_fingerprint,
     )
 
 
-def _inspect_odd_chunk(data: bytes) -> ChunkInfo:
-    """A chunk with a member of an unexpected shape: each member read on its own."""
+def _odd_chunk(data: bytes) -> _Chunk | None:
+    """A chunk with a member of an unexpected shape: each member read on its own (None: not an object)."""
     raw = _members(data)
     if raw is None:
-        return _EMPTY_CHUNK  # not an object
-    kind = _lenient(_str_decoder, raw["type"])
-    choices = _lenient(_choices_decoder, raw["choices"])
-    tokens, reasons = _choice_tokens(choices) if choices else (0, ())
+        return None
     response = _lenient(_response_decoder, raw["response"])
     if response is None and raw["response"]:
         parts = _members(raw["response"])  # the response's members one by one
@@ -285,9 +265,15 @@ def _inspect_odd_chunk(data: bytes) -> ChunkInfo:
                 metrics=parts["metrics"],
                 incomplete_details=_lenient(_any_decoder, parts["incomplete_details"]),
             )
-    fingerprint = _lenient(_str_decoder, raw["system_fingerprint"])
-    error = not _is_null(raw["error"])
-    return _chunk_info(kind, choices, tokens, reasons, raw["usage"], error, raw["metrics"], response, fingerprint)
+    return _Chunk(
+        type=_lenient(_str_decoder, raw["type"]),
+        choices=_lenient(_choices_decoder, raw["choices"]),
+        usage=raw["usage"],
+        error=raw["error"],
+        metrics=raw["metrics"],
+        response=response,
+        system_fingerprint=_lenient(_str_decoder, raw["system_fingerprint"]),
+    )
 
 
 def _members(data: bytes | msgspec.Raw) -> defaultdict[str, msgspec.Raw] | None:
@@ -348,7 +334,7 @@ def inspect_response(body: bytes) -> ResponseInfo:
     try:
         resp = _body_decoder.decode(body)
     except msgspec.ValidationError:  # (a subclass of DecodeError: caught first)
-        return _inspect_odd_response(body)
+        resp = _odd_response(body)
     except msgspec.DecodeError:
         standard = _as_standard_json(body)
         return ResponseInfo() if standard is None else inspect_response(standard)
@@ -367,23 +353,15 @@ def inspect_response(body: bytes) -> ResponseInfo:
     )
 
 
-def _inspect_odd_response(body: bytes) -> ResponseInfo:
+def _odd_response(body: bytes) -> _Response:
+    """A body with a member of an unexpected shape: each member read on its own."""
     raw = _members(body) or defaultdict(msgspec.Raw)  # an object: the typed decoding parsed it
-    choices = _lenient(_message_choices_decoder, raw["choices"]) or ()
-    reasons = tuple(c.finish_reason for c in choices if c.finish_reason is not None)
-    status = _lenient(_str_decoder, raw["status"])
-    if not reasons and status is not None:
-        reasons = _response_reason(
-            _ResponseBody(status=status, incomplete_details=_lenient(_any_decoder, raw["incomplete_details"]))
-        )
-    usage, problem = read_usage(raw["usage"])
-    request_id = _lenient(_str_decoder, raw["id"])
-    return ResponseInfo(
-        request_id=request_id,
-        usage=usage,
-        usage_problem=problem,
-        finish_reasons=reasons,
-        finish_choices=_finish_choices(choices, reasons),
-        metrics=_read_metrics(raw["metrics"]),
-        system_fingerprint=_lenient(_str_decoder, raw["system_fingerprint"]),
+    return _Response(
+        id=_lenient(_str_decoder, raw["id"]),
+        choices=_lenient(_message_choices_decoder, raw["choices"]),
+        usage=raw["usage"],
+        metrics=raw["metrics"],
+        status=_lenient(_str_decoder, raw["status"]),
+        incomplete_details=_lenient(_any_decoder, raw["incomplete_details"]),
+        system_fingerprint=raw["system_fingerprint"],
     )
