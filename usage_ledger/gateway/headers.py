@@ -127,26 +127,23 @@ def recorded_headers(headers: Iterable[Header], key: FingerprintKey) -> list[tup
     ]
 
 
-def _connection_tokens(headers: Sequence[Header]) -> frozenset[bytes]:
-    tokens: set[bytes] = set()
-    for name, value in headers:
-        if name == b"connection":
-            tokens.update(t.strip().lower() for t in value.split(b","))
-    return frozenset(tokens)
-
-
 def forward_headers(headers: Sequence[Header]) -> list[Header]:
     """Request headers for the upstream: hop-by-hop, `host`, `expect` and `content-length` removed.
 
     The upstream client sets host and length itself (the length changes when usage is requested).
     """
-    drop = HOP_BY_HOP | _connection_tokens(headers) | {b"host", b"expect", b"content-length"}
-    return [(n, v) for n, v in headers if n not in drop]
+    return _end_to_end(headers, {b"host", b"expect", b"content-length"})
 
 
-def response_headers(headers: Sequence[Header], *, drop_length: bool = False) -> list[Header]:
-    """Upstream response headers for the client, minus hop-by-hop ones (and content-length if the body changes)."""
-    drop = HOP_BY_HOP | _connection_tokens(headers)
-    if drop_length:
-        drop = drop | {b"content-length"}
-    return [(n, v) for n, v in headers if n not in drop]
+def response_headers(headers: Sequence[Header], *, drop: Iterable[bytes] = ()) -> list[Header]:
+    """Upstream response headers for the client, minus hop-by-hop ones and `drop` (what the relay changes)."""
+    return _end_to_end(headers, drop)
+
+
+def _end_to_end(headers: Sequence[Header], drop: Iterable[bytes]) -> list[Header]:
+    """`headers` without the hop-by-hop ones (those the `connection` header names too) and `drop`."""
+    dropped = HOP_BY_HOP.union(drop)
+    for name, value in headers:
+        if name == b"connection":
+            dropped |= {t.strip().lower() for t in value.split(b",")}
+    return [(n, v) for n, v in headers if n not in dropped]

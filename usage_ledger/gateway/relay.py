@@ -253,13 +253,13 @@ def plan_relay(headers: Sequence[Header], raw: list[bytes], observe: Observe, *,
         return RelayPlan(PlainRelay(raw), response_headers(headers), decoder=decoder, request_id=request_id)
     if decoder is None:
         relay = SseRelay(raw, observe, cutting=cut, length=None if cut else length)  # cut: the length is dropped
-        return RelayPlan(relay, response_headers(headers, drop_length=cut), sse=relay, request_id=request_id)
+        kept = response_headers(headers, drop=[b"content-length"] if cut else [])
+        return RelayPlan(relay, kept, sse=relay, request_id=request_id)
     if cut:
         # Compressed bytes cannot be cut: the client gets the decoded stream (its HTTP library would
         # have decoded it anyway), without the usage chunk it did not ask for.
         relay = SseRelay(raw, observe, cutting=True, decoder=decoder)
-        dropped = {b"content-length", b"content-encoding"}
-        kept = [(n, v) for n, v in response_headers(headers) if n not in dropped]
+        kept = response_headers(headers, drop=[b"content-length", b"content-encoding"])
         return RelayPlan(relay, kept, sse=relay, decoder=decoder, request_id=request_id)
     watcher = SseWatcher(decoder, observe)
     return RelayPlan(PlainRelay(raw, watcher), response_headers(headers), watcher=watcher, request_id=request_id)
