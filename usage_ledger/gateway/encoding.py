@@ -97,7 +97,3 @@ class BodyDecoder:
         if self._size > MAX_DECODED_BYTES:
             raise UnreadableBody(f"the {self.name} response body decodes to more than {MAX_DECODED_BYTES} bytes")
         return data
-
-    def decode(self, body: bytes) -> bytes:
-        """A whole body at once."""
-        return self.feed(body)

@@ -23,7 +23,6 @@ __all__ = (
 
 class _StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
 
 
 class _TemplateKwargs(msgspec.Struct):
@@ -57,7 +56,6 @@ class RequestInfo(msgspec.Struct, frozen=True):
     sampling: Sampling = Sampling()
     wants_usage: bool = False
     """The client asked for a usage chunk itself (stream_options.include_usage)."""
-    continuous_usage: bool = False
 
 
 def inspect_request(body: bytes) -> RequestInfo:
@@ -87,7 +85,6 @@ def inspect_request(body: bytes) -> RequestInfo:
             enable_thinking=thinking,
         ),
         wants_usage=bool(opts and opts.include_usage),
-        continuous_usage=bool(opts and opts.continuous_usage_stats),
     )
 
 

@@ -106,7 +106,7 @@ class Observed:
         """A whole (non-SSE) response body: usage, finish reasons, metrics; decoded first if compressed."""
         if decoder is not None:
             try:
-                body = decoder.decode(body)
+                body = decoder.feed(body)
             except UnreadableBody as exc:
                 self.usage_problem = str(exc)
                 return

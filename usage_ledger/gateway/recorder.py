@@ -75,9 +75,7 @@ class Recorder:
             return
         try:
             await asyncio.shield(future)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
+        except Exception as exc:  # (a cancellation is no Exception: it propagates)
             raise NotRecorded(str(exc)) from exc
 
     async def finish(

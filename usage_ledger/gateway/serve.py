@@ -99,11 +99,9 @@ async def serve(
             f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
             "stop what uses that port, or give another with --port / LEDGER_PORT"
         ) from None
-    try:
+    with sock:
         adopt_legacy_state(storage, settings, Path.cwd())
         await _serve_on(sock, settings, storage, background=background, api=api, ui=ui, erase_older=erase_older)
-    finally:
-        sock.close()
 
 
 async def _serve_on(
