@@ -121,7 +121,7 @@ async def handle_embeddings(config: EmulatorConfig, engine: Engine, scope: Scope
         return
     request_id = "embd-" + uuid.uuid4().hex
     now = engine.now()
-    seqs = [Sequence(f"{request_id}-{i}", n, 0, "stop", now, pooling=True) for i, (_, n) in enumerate(inputs)]
+    seqs = [Sequence(f"{request_id}-{i}", n, 0, "stop", now) for i, (_, n) in enumerate(inputs)]
     async with running(engine, receive, *seqs) as disconnected:
         if not await until_done(disconnected, *seqs):
             return

@@ -5,8 +5,8 @@ partially prefilled prompts, then waiting requests admitted while fewer than `ma
 run and the token budget lasts. A sequence whose prefill completes in a step emits its first
 token at the end of that step; a decoding sequence emits 1 + accepted draft tokens, where each
 draft position is accepted with probability `r` given the previous one was (so the overall
-acceptance per drafted token equals `acceptance_rate`). A pooling sequence (embeddings) is
-done when its prefill completes and emits no token.
+acceptance per drafted token equals `acceptance_rate`). A pooling sequence (embeddings: no
+output tokens) is done when its prefill completes and emits no token.
 
 KV cache (`emulator.kv_cache`): every planned sequence first reserves its step's blocks; when the pool is
 short it preempts as vLLM's recompute mode does (docs/emulator.md, `vllm:num_preemptions_total`).
@@ -43,7 +43,6 @@ class Sequence:
         "pending",
         "per_step_accepted",
         "per_step_drafted",
-        "pooling",
         "preemptions",
         "prefill_len",
         "prompt_tokens",
@@ -63,7 +62,6 @@ class Sequence:
         finish_reason: str,
         arrival: float,
         *,
-        pooling: bool = False,
         skip_prefix_cache: bool = False,
     ):
         self.request_id = request_id
@@ -74,7 +72,6 @@ class Sequence:
         self.computed = 0  # tokens prefilled since (re)admission
         self.prefill_len = prompt_tokens  # after a preemption: prompt + the tokens generated so far
         self.generated = 0
-        self.pooling = pooling
         self.skip_prefix_cache = skip_prefix_cache  # vLLM skips the lookup for prompt logprobs
         self.blocks = 0  # KV blocks held
         self.preemptions = 0
@@ -142,7 +139,7 @@ class Scheduler:
         self._track_steps = self._track_spec and level == "detailed"
 
     def add(self, seq: Sequence) -> None:
-        if self._track_spec and not seq.pooling:
+        if self._track_spec and seq.output_tokens:
             seq.spec_hist = [0] * (self.config.spec_tokens + 1)
             if self._track_steps:
                 seq.per_step_accepted = []
@@ -258,10 +255,7 @@ class Scheduler:
             if seq.computed >= seq.prefill_len:
                 if seq.first_token_at is None:
                     seq.first_token_at = t_end
-                if seq.pooling:
-                    self._finish_pooling(seq, t_end)
-                else:
-                    self._emit(seq, 1, t_end)
+                self._emit(seq, 1, t_end)  # a pooling sequence emits none
                 touched.append(seq)
         k = self.config.spec_tokens
         r = self._r
@@ -292,13 +286,6 @@ class Scheduler:
             self.draft_tokens += n_drafted * k
             self.accepted_tokens += accepted_total
         return touched
-
-    def _finish_pooling(self, seq: Sequence, t_end: float) -> None:
-        seq.pending.append(0)
-        seq.done = True
-        seq.finished_at = t_end
-        self.running.remove(seq)
-        self.kv.release(seq)
 
     def _emit(self, seq: Sequence, n: int, t_end: float) -> None:
         n = min(n, seq.output_tokens - seq.generated)
