@@ -21,6 +21,11 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
     slow_headers_s: float = 0.0
     status: int | None = None
 
+    @property
+    def cut_after(self) -> int | None:
+        """The content chunks a stream sends before its mid-stream fault (None: no such fault)."""
+        return min((n for n in (self.error_after, self.drop_after) if n is not None), default=None)
+
 
 def _count(name: str, value: str | None) -> int:
     if value is None or value == "":

@@ -16,15 +16,17 @@ from usage_ledger.emulator.grades import grade_of
 from usage_ledger.emulator.lengths import natural_length, output_plan
 from usage_ledger.emulator.lifecycle import (
     SSE_HEADERS,
+    STREAM_FAULT,
     BadRequest,
     answer,
     base_request_id,
+    cut_stream,
     decode_request,
     header_faults,
-    next_step,
     reject,
     running,
     until_done,
+    until_output,
 )
 from usage_ledger.emulator.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs, prompt_pieces
 from usage_ledger.emulator.per_request import PerRequestMetrics, per_request_metrics
@@ -216,15 +218,8 @@ async def _stream(
     sent = [0] * len(seqs)  # tokens sent, per choice
     n_chunks = 0  # content chunks sent
     first = chunks.chat  # the role chunks (one per choice) go first
-    fault_at = min(x for x in (faults.error_after, faults.drop_after, 1 << 62) if x is not None)
-    while True:
-        if not any(seq.pending for seq in seqs):
-            if all(seq.done for seq in seqs):
-                break
-            await next_step(*(seq for seq in seqs if not seq.done))
-            if disconnected.is_set():
-                return
-            continue
+    fault_at = faults.cut_after
+    while await until_output(disconnected, *seqs):
         out: list[bytes] = []
         if first:
             out.extend(chunks.role(c.index) for c in call.choices)
@@ -251,17 +246,10 @@ async def _stream(
             for c, seq in zip(call.choices, seqs, strict=True)
         )
         if n_chunks == fault_at and not finished:
-            for seq in seqs:
-                engine.abort(seq)
-            if faults.error_after == fault_at:
-                out.append(error_event(500, "Injected fault: error in the middle of the stream (X-Emulator-Fault)."))
-                out.append(DONE)
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
-            elif out:
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-            return  # drop: return with the response incomplete; the server closes the connection
+            await cut_stream(engine, send, faults, out, error_event(500, STREAM_FAULT) + DONE, *seqs)
+            return
         await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-    if any(seq.aborted for seq in seqs):
+    if disconnected.is_set() or any(seq.aborted for seq in seqs):
         return
     tail = DONE
     if include_usage:

@@ -20,23 +20,26 @@ from usage_ledger.emulator.wire import error_body
 
 __all__ = (
     "SSE_HEADERS",
+    "STREAM_FAULT",
     "BadRequest",
     "answer",
     "base_request_id",
     "check_context",
     "check_model",
+    "cut_stream",
     "decode_request",
     "header_faults",
     "invalid_body",
-    "next_step",
     "reject",
     "running",
     "until_done",
+    "until_output",
 )
 
 T = TypeVar("T")
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+STREAM_FAULT = "Injected fault: error in the middle of the stream (X-Emulator-Fault)."
 
 
 class BadRequest(Exception):
@@ -171,7 +174,7 @@ async def running(engine: Engine, receive: Receive, *seqs: Sequence) -> AsyncIte
                 engine.abort(seq)
 
 
-async def next_step(*seqs: Sequence) -> None:
+async def _next_step(*seqs: Sequence) -> None:
     """Sleep until the engine has applied a step that touched one of `seqs` (or they were aborted)."""
     fut = asyncio.get_running_loop().create_future()
     for seq in seqs:
@@ -181,13 +184,34 @@ async def next_step(*seqs: Sequence) -> None:
 
 async def until_done(disconnected: asyncio.Event, *seqs: Sequence) -> bool:
     """Wait for all `seqs` to finish; False when one was aborted or the client went away."""
-    while not all(seq.done for seq in seqs):
-        await next_step(*(seq for seq in seqs if not seq.done))
+    while await until_output(disconnected, *seqs):
+        for seq in seqs:
+            seq.pending.clear()
+    return not disconnected.is_set() and not any(seq.aborted for seq in seqs)
+
+
+async def until_output(disconnected: asyncio.Event, *seqs: Sequence) -> bool:
+    """Wait until one of `seqs` has tokens to deliver; False once all are done and delivered, or the client left."""
+    while not any(seq.pending for seq in seqs):
+        if all(seq.done for seq in seqs):
+            return False
+        await _next_step(*(seq for seq in seqs if not seq.done))
         if disconnected.is_set():
             return False
+    return True
+
+
+async def cut_stream(
+    engine: Engine, send: Send, faults: Faults, out: list[bytes], error: bytes, *seqs: Sequence
+) -> None:
+    """End a stream at its mid-stream fault, `seqs` aborted: `out`, then `error` (error-mid-stream) or
+    nothing more (drop-mid-stream: the response stays incomplete; the server closes the connection)."""
     for seq in seqs:
-        seq.pending.clear()
-    return not any(seq.aborted for seq in seqs)
+        engine.abort(seq)
+    if faults.error_after == faults.cut_after:
+        await send({"type": "http.response.body", "body": b"".join([*out, error]), "more_body": False})
+    elif out:
+        await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
 
 
 async def answer(send: Send, body: bytes, faults: Faults, extra: list[tuple[bytes, bytes]] | None = None) -> None:

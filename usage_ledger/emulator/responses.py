@@ -19,17 +19,19 @@ from usage_ledger.emulator.faults import Faults
 from usage_ledger.emulator.lengths import natural_length, output_plan
 from usage_ledger.emulator.lifecycle import (
     SSE_HEADERS,
+    STREAM_FAULT,
     BadRequest,
     answer,
     base_request_id,
     check_context,
     check_model,
+    cut_stream,
     decode_request,
     header_faults,
-    next_step,
     reject,
     running,
     until_done,
+    until_output,
 )
 from usage_ledger.emulator.per_request import timing_metrics
 from usage_ledger.emulator.responses_wire import (
@@ -208,15 +210,8 @@ async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disco
     item_id = call.message_id
     sent = 0
     n_chunks = 0
-    fault_at = min(x for x in (faults.error_after, faults.drop_after, 1 << 62) if x is not None)
-    while True:
-        if not seq.pending:
-            if seq.done:
-                break
-            await next_step(seq)
-            if disconnected.is_set():
-                return
-            continue
+    fault_at = faults.cut_after
+    while await until_output(disconnected, seq):
         batch, seq.pending = seq.pending, []
         out: list[bytes] = []
         if sent == 0:
@@ -246,17 +241,11 @@ async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disco
             sent += n
             n_chunks += 1
         if n_chunks == fault_at and not (seq.done and sent == seq.output_tokens):
-            engine.abort(seq)
-            if faults.error_after == fault_at:
-                message = "Injected fault: error in the middle of the stream (X-Emulator-Fault)."
-                error = ErrorEvent(code="500", message=message, sequence_number=next(number))
-                out.append(_event(error.type, error))
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": False})
-            elif out:
-                await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
+            error = ErrorEvent(code="500", message=STREAM_FAULT, sequence_number=next(number))
+            await cut_stream(engine, send, faults, out, _event(error.type, error), seq)
             return
         await send({"type": "http.response.body", "body": b"".join(out), "more_body": True})
-    if seq.aborted:
+    if disconnected.is_set() or seq.aborted:
         return
     text = generated_text(call.offset, seq.generated)
     done = call.message(text, "completed")
