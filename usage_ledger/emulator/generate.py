@@ -254,8 +254,7 @@ async def _stream(
     tail = DONE
     if include_usage:
         # metrics ride on the usage-only chunk, so a stream without usage carries none (as in vLLM)
-        generated = sum(seq.generated for seq in seqs)
-        tail = chunks.usage(generated, details=call.config.prompt_tokens_details, metrics=call.metrics()) + DONE
+        tail = chunks.usage(_usage(call), call.metrics()) + DONE
     await send({"type": "http.response.body", "body": tail, "more_body": False})
 
 
@@ -263,7 +262,7 @@ def _usage(call: _Call) -> Usage:
     p, c = call.choices[0].seq.prompt_tokens, sum(seq.generated for seq in call.seqs)  # the prompt counts once
     details = None
     if call.config.prompt_tokens_details:
-        # chat reports the cache-creation count; completions set cached_tokens only
+        # chat reports the cache-creation count; completions set cached_tokens only (a stream drops the None)
         details = PromptTokensDetails(cached_tokens=0, created_cache_tokens=0 if call.chat else None)
     return Usage(prompt_tokens=p, total_tokens=p + c, completion_tokens=c, prompt_tokens_details=details)
 

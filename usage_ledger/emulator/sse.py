@@ -10,7 +10,7 @@ import msgspec
 from usage_ledger.emulator.logprobs import chat_logprobs, completion_logprobs
 from usage_ledger.emulator.per_request import PerRequestMetrics, exclude_none
 from usage_ledger.emulator.tokenizer import PIECES, Answer, generated_text
-from usage_ledger.emulator.wire import PromptTokensDetails, Usage, error_body
+from usage_ledger.emulator.wire import Usage, error_body
 
 __all__ = ("DONE", "StreamChunks", "error_event")
 
@@ -64,13 +64,14 @@ class StreamChunks:
         "_echoed",
         "_fingerprint",
         "_head",
+        "_ids",
         "_include_usage",
         "_logprobs",
         "_model",
         "_object",
+        "_open",
         "_prompt_tokens",
         "_request_id",
-        "_tail",
         "_text_at",
         "_usage_each",
         "chat",
@@ -116,12 +117,9 @@ class StreamChunks:
             + _encode(model)
             + b',"choices":[{"index":'
         )
-        if chat:
-            self._tail = b',"logprobs":null,"finish_reason":null,"token_ids":null}]'
-        else:
-            self._tail = (
-                b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
-            )
+        # what closes a choice after its finish; a content chunk's finish is null (chat sends no stop_reason)
+        self._ids = b',"token_ids":null}]' if chat else b',"prompt_token_ids":null,"token_ids":null}]'
+        self._open = b',"finish_reason":null' + (b"" if chat else b',"stop_reason":null') + self._ids
 
     def _usage(self, completion: int) -> bytes:
         if not self._usage_each:
@@ -163,14 +161,11 @@ class StreamChunks:
 
     def content(self, index: int, start: int, n: int, generated: int) -> bytes:
         """A content chunk of choice `index` for its tokens [start, start + n); `generated`: its running total."""
-        if self._logprobs is None and self._echoed[index]:
-            text = _content(self._answers[index], start, n)
-            return self._choice(index, text) + self._tail + self._usage(generated) + b"}\n\n"
-        text, logprobs = self._text_and_logprobs(index, start, n)
-        tail = b',"finish_reason":null,"token_ids":null}]'
-        if not self.chat:
-            tail = b',"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}]'
-        return self._choice(index, text) + b',"logprobs":' + logprobs + tail + self._usage(generated) + b"}\n\n"
+        if self._logprobs is None and self._echoed[index]:  # the common case, without the detour
+            text, logprobs = _content(self._answers[index], start, n), b"null"
+        else:
+            text, logprobs = self._text_and_logprobs(index, start, n)
+        return self._choice(index, text) + b',"logprobs":' + logprobs + self._open + self._usage(generated) + b"}\n\n"
 
     def final(
         self, index: int, start: int, n: int, generated: int, finish_reason: str, stop_reason: str | int | None
@@ -178,30 +173,21 @@ class StreamChunks:
         """The chunk with `finish_reason`; `stop_reason` is the stop string or token id that ended it."""
         text, logprobs = self._text_and_logprobs(index, start, n)
         reason = b',"finish_reason":' + _encode(finish_reason) + b',"stop_reason":' + _encode(stop_reason)
-        tail = b',"token_ids":null}]' if self.chat else b',"prompt_token_ids":null,"token_ids":null}]'
         fingerprint = b""
         if not self._include_usage and self._fingerprint is not None:
             fingerprint = b',"system_fingerprint":' + _encode(self._fingerprint)
-        choice = self._choice(index, text) + b',"logprobs":' + logprobs + reason + tail
+        choice = self._choice(index, text) + b',"logprobs":' + logprobs + reason + self._ids
         return choice + self._usage(generated) + fingerprint + b"}\n\n"
 
-    def usage(self, completion: int, *, details: bool = False, metrics: PerRequestMetrics | None = None) -> bytes:
-        """The usage-only chunk (`choices: []`), with `exclude_none` as vLLM dumps it."""
-        p = self._prompt_tokens
-        # chat reports the cache-creation count; completions leave it None (dropped here)
-        prompt_details = PromptTokensDetails(cached_tokens=0, created_cache_tokens=0 if self.chat else None)
+    def usage(self, usage: Usage, metrics: PerRequestMetrics | None) -> bytes:
+        """The usage-only chunk (`choices: []`), with `exclude_none` as vLLM dumps it (a None count drops out)."""
         chunk = _UsageChunk(
             id=self._request_id,
             object=self._object,
             created=self._created,
             model=self._model,
             choices=[],
-            usage=Usage(
-                prompt_tokens=p,
-                total_tokens=p + completion,
-                completion_tokens=completion,
-                prompt_tokens_details=prompt_details if details else None,
-            ),
+            usage=usage,
             system_fingerprint=self._fingerprint,
             metrics=metrics,
         )
