@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import msgspec
@@ -33,7 +34,7 @@ from usage_ledger.emulator.per_request import PerRequestMetrics, per_request_met
 from usage_ledger.emulator.scheduler import Sequence
 from usage_ledger.emulator.sse import DONE, StreamChunks, error_event
 from usage_ledger.emulator.tokenizer import PIECES, Answer, decode, lead_pieces
-from usage_ledger.emulator.validate import prompt_of, validate
+from usage_ledger.emulator.validate import prompt_of, sample_logprobs, validate
 from usage_ledger.emulator.version import system_fingerprint
 from usage_ledger.emulator.wire import ChatRequest, CompletionRequest, PromptTokensDetails, Usage
 
@@ -44,49 +45,40 @@ _chat_decoder = msgspec.json.Decoder(ChatRequest)
 _completion_decoder = msgspec.json.Decoder(CompletionRequest)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
 class _Choice:
     """One of the `n` choices: an engine sequence of its own (vLLM's parallel sampling)."""
 
-    __slots__ = ("answer", "index", "seq", "stop_reason")
-
-    def __init__(self, index: int, seq: Sequence, answer: Answer, stop_reason: str | int | None):
-        self.index = index
-        self.seq = seq
-        self.answer = answer  # its text: a grade line (when on), then the passage rotation
-        self.stop_reason = stop_reason  # the stop string / token id a natural stop reports
+    index: int
+    seq: Sequence
+    answer: Answer  # its text: a grade line (when on), then the passage rotation
+    stop_reason: str | int | None  # the stop string / token id a natural stop reports
 
 
+@dataclasses.dataclass(slots=True)
 class _Call:
     """One chat/completions call: the request, its choices and what its answer shows."""
 
-    __slots__ = ("_prompt", "choices", "config", "created", "echo", "req", "request_id")
+    config: EmulatorConfig
+    req: ChatRequest | CompletionRequest
+    request_id: str
+    choices: list[_Choice]
+    created: int
+    prompt: tuple[str, list[int] | None]  # the text, and the token ids when the client sent ids
 
-    def __init__(
-        self,
-        config: EmulatorConfig,
-        req: ChatRequest | CompletionRequest,
-        request_id: str,
-        choices: list[_Choice],
-        created: int,
-        prompt: tuple[str, list[int] | None],
-    ):
-        self.config = config
-        self.req = req
-        self.request_id = request_id
-        self.choices = choices
-        self.created = created
-        self._prompt = prompt
-        self.echo = isinstance(req, CompletionRequest) and bool(req.echo)  # chat `echo` is not emulated
+    @property
+    def echo(self) -> bool:
+        return isinstance(self.req, CompletionRequest) and bool(self.req.echo)  # chat `echo` is not emulated
 
     @property
     def prompt_text(self) -> str:
-        text, ids = self._prompt
+        text, ids = self.prompt
         return decode(ids) if ids is not None else text
 
     @property
     def pieces(self) -> list[str]:
         """The prompt's tokens as text (for echo and prompt logprobs only: a long prompt has many)."""
-        return prompt_pieces(*self._prompt)
+        return prompt_pieces(*self.prompt)
 
     @property
     def seqs(self) -> list[Sequence]:
@@ -104,18 +96,6 @@ class _Call:
     @property
     def chat(self) -> bool:
         return isinstance(self.req, ChatRequest)
-
-    @property
-    def top_logprobs(self) -> int | None:
-        """How many alternatives the logprobs list (None: no logprobs asked)."""
-        req = self.req
-        if isinstance(req, ChatRequest):
-            return (req.top_logprobs or 0) if req.logprobs else None
-        return req.logprobs
-
-    @property
-    def prompt_top(self) -> int | None:
-        return _prompt_top(self.req)
 
 
 def _prompt_top(req: ChatRequest | CompletionRequest) -> int | None:
@@ -178,8 +158,8 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
         )
         seq_id = request_id if req.n == 1 else f"{i}_{request_id}"  # vLLM's child request ids
         seq = Sequence(seq_id, prompt_tokens, n_out, reason, now, skip_prefix_cache=skip_prefix_cache)
-        answer = Answer(natural % len(PIECES), _grade_lead(config, req, key))
-        choices.append(_Choice(i, seq, answer, req.stop_reason() if reason == "stop" else None))
+        text = Answer(natural % len(PIECES), _grade_lead(config, req, key))
+        choices.append(_Choice(i, seq, text, req.stop_reason() if reason == "stop" else None))
     call = _Call(config, req, request_id, choices, int(now), (prompt_text, prompt_ids))
     extra = [(b"x-request-id", base_id.encode())]
     async with running(engine, receive, *call.seqs) as disconnected:
@@ -195,12 +175,12 @@ async def handle_generate(config: EmulatorConfig, engine: Engine, scope: Scope, 
                 include_usage=include_usage,
                 usage_each=usage_each,
                 fingerprint=system_fingerprint(config),
-                logprobs=call.top_logprobs,
+                logprobs=sample_logprobs(req),
                 echo=(call.prompt_text, call.pieces) if call.echo else None,
             )
             await _stream(call, engine, chunks, send, faults, include_usage, extra, disconnected)
-        else:
-            await _answer(call, send, faults, extra, disconnected)
+        elif await until_done(disconnected, *call.seqs):
+            await answer(send, _body(call), faults, extra)
 
 
 async def _stream(
@@ -269,7 +249,7 @@ def _usage(call: _Call) -> Usage:
 
 def _body(call: _Call) -> bytes:
     config = call.config
-    top, prompt_top = call.top_logprobs, call.prompt_top
+    top, prompt_top = sample_logprobs(call.req), _prompt_top(call.req)
     prompt_lp = prompt_logprobs(call.pieces, prompt_top) if prompt_top is not None else None
     shared: dict[str, Any] = {
         "id": call.request_id,
@@ -304,10 +284,3 @@ def _body(call: _Call) -> bytes:
         for c in call.choices
     ]
     return _encode(Completion(choices=completion_choices, **shared))
-
-
-async def _answer(
-    call: _Call, send: Send, faults: Faults, extra: list[tuple[bytes, bytes]], disconnected: asyncio.Event
-) -> None:
-    if await until_done(disconnected, *call.seqs):
-        await answer(send, _body(call), faults, extra)

@@ -180,17 +180,9 @@ async def handle_responses(config: EmulatorConfig, engine: Engine, scope: Scope,
     async with running(engine, receive, seq) as disconnected:
         if req.stream:
             await _stream(engine, call, send, faults, disconnected)
-        else:
-            await _answer(call, send, faults, disconnected)
-
-
-async def _answer(call: _Call, send: Send, faults: Faults, disconnected: asyncio.Event) -> None:
-    if await until_done(disconnected, call.seq):
-        await answer(
-            send,
-            _encode(call.final([call.message(generated_text(call.offset, call.seq.generated), "completed")])),
-            faults,
-        )
+        elif await until_done(disconnected, seq):
+            text = generated_text(call.offset, seq.generated)
+            await answer(send, _encode(call.final([call.message(text, "completed")])), faults)
 
 
 def _event(kind: str, event: msgspec.Struct) -> bytes:

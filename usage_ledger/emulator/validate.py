@@ -15,7 +15,7 @@ from usage_ledger.emulator.lifecycle import BadRequest, check_context, check_mod
 from usage_ledger.emulator.tokenizer import count_tokens, render_chat
 from usage_ledger.emulator.wire import ChatRequest, CompletionRequest
 
-__all__ = ("MAX_LOGPROBS", "prompt_of", "validate")
+__all__ = ("MAX_LOGPROBS", "prompt_of", "sample_logprobs", "validate")
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -34,6 +34,13 @@ def prompt_of(req: ChatRequest | CompletionRequest) -> tuple[str, int, list[int]
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], count_tokens(prompt[0]), None
     raise BadRequest(400, "The emulator accepts one prompt per request (a string or a list of token ids).", "prompt")
+
+
+def sample_logprobs(req: ChatRequest | CompletionRequest) -> int | None:
+    """How many alternatives each generated token's logprobs list (None: no logprobs asked)."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
 
 
 def _parse_time_checks(req: ChatRequest | CompletionRequest) -> None:
@@ -100,10 +107,7 @@ def validate(config: EmulatorConfig, req: ChatRequest | CompletionRequest, promp
         raise BadRequest(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
     if req.min_tokens < 0 or (max_tokens is not None and req.min_tokens > max_tokens):
         raise BadRequest(400, "min_tokens must be >= 0 and <= max_tokens.", "min_tokens")
-    n_logprobs = req.top_logprobs if isinstance(req, ChatRequest) and req.logprobs else None
-    if isinstance(req, CompletionRequest):
-        n_logprobs = req.logprobs
-    for asked in (n_logprobs, req.prompt_logprobs):
+    for asked in (sample_logprobs(req), req.prompt_logprobs):
         if asked is not None and asked > MAX_LOGPROBS:
             raise BadRequest(
                 400, f"Requested sample logprobs of {asked}, which is greater than max allowed: {MAX_LOGPROBS}"
