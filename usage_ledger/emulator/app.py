@@ -28,22 +28,6 @@ _PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[EmulatorConfig, Engine, Scope, Receive, Send], Awaitable[None]]
 
 
-class _Tokenized(msgspec.Struct):
-    count: int
-    max_model_len: int
-    tokens: list[int]
-    token_strs: None = None
-
-
-class _Detokenized(msgspec.Struct):
-    prompt: str
-
-
-class _Clock(msgspec.Struct):
-    now: float
-    speed: float
-
-
 class EmulatorApp:
     """ASGI app; `engine` holds the scheduler, metrics and the log of finished requests."""
 
@@ -124,7 +108,7 @@ class EmulatorApp:
         await respond(send, 200, _encode(list(self.engine.records)))
 
     async def _clock(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await respond(send, 200, _encode(_Clock(now=self.engine.now(), speed=self.config.speed)))
+        await respond(send, 200, _encode({"now": self.engine.now(), "speed": self.config.speed}))
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = await _read(receive, send, TokenizeRequest)
@@ -141,12 +125,13 @@ class EmulatorApp:
             await respond(send, 400, error_body(400, "Either `prompt` or `messages` is required."))
             return
         tokens = encode(text)
-        await respond(send, 200, _encode(_Tokenized(len(tokens), self.config.max_model_len, tokens)))
+        body = {"count": len(tokens), "max_model_len": self.config.max_model_len, "tokens": tokens, "token_strs": None}
+        await respond(send, 200, _encode(body))
 
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         req = await _read(receive, send, DetokenizeRequest)
         if req is not None:
-            await respond(send, 200, _encode(_Detokenized(decode(req.tokens))))
+            await respond(send, 200, _encode({"prompt": decode(req.tokens)}))
 
 
 async def _read(receive: Receive, send: Send, kind: type[T]) -> T | None:
