@@ -98,27 +98,17 @@ def completion_logprobs(
     answer: Answer, start: int, n: int, top: int, *, text_offset: int = 0, echo: list[str] | None = None
 ) -> CompletionLogprobs:
     """Completions logprobs of `answer`'s tokens [start, start + n), after the `echo`ed prompt tokens."""
-    offset = answer.offset
+    # each token with the position its made-up values are drawn from; the prompt's first has none
+    tokens = [(token, -j) for j, token in enumerate(echo or [])]
+    tokens += [(answer.piece(i), answer.offset + i) for i in range(start, start + n)]
     out = CompletionLogprobs([], [], [], [])
     at = text_offset
-    for j, token in enumerate(echo or []):
-        out.text_offset.append(at)
-        out.tokens.append(token)
-        if j == 0:
-            out.token_logprobs.append(None)
-            out.top_logprobs.append(None)
-        else:
-            lp = _logprob(-j)
-            out.token_logprobs.append(lp)
-            out.top_logprobs.append({token: lp, **dict(_alternatives(-j, top))})
-        at += len(token)
-    for i in range(start, start + n):
-        token = answer.piece(i)
-        lp = _logprob(offset + i)
+    for j, (token, position) in enumerate(tokens):
+        lp = None if echo and j == 0 else _logprob(position)
         out.text_offset.append(at)
         out.tokens.append(token)
         out.token_logprobs.append(lp)
-        out.top_logprobs.append({token: lp, **dict(_alternatives(offset + i, top))})
+        out.top_logprobs.append(None if lp is None else {token: lp, **dict(_alternatives(position, top))})
         at += len(token)
     return out
 
