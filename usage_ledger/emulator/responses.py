@@ -190,16 +190,27 @@ def _event(kind: str, event: msgspec.Struct) -> bytes:
 
 
 async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disconnected: asyncio.Event) -> None:
-    seq = call.seq
+    seq, item_id = call.seq, call.message_id
     number = itertools.count()  # sequence_number, across the whole stream
+
+    def response(kind: str, body: ResponsesResponse) -> bytes:
+        return _event(kind, ResponseEvent(response=body, sequence_number=next(number), type=kind))
+
+    def item(kind: str, message: OutputMessage) -> bytes:
+        return _event(kind, OutputItemEvent(item=message, output_index=0, sequence_number=next(number), type=kind))
+
+    def part(kind: str, text: OutputText) -> bytes:
+        return _event(
+            kind,
+            ContentPartEvent(
+                content_index=0, item_id=item_id, output_index=0, part=text, sequence_number=next(number), type=kind
+            ),
+        )
+
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     initial = call.response("in_progress", [], None)
-    head = [
-        _event(kind, ResponseEvent(response=initial, sequence_number=next(number), type=kind))
-        for kind in ("response.created", "response.in_progress")
-    ]
-    await send({"type": "http.response.body", "body": b"".join(head), "more_body": True})
-    item_id = call.message_id
+    head = response("response.created", initial) + response("response.in_progress", initial)
+    await send({"type": "http.response.body", "body": head, "more_body": True})
     sent = 0
     n_chunks = 0
     fault_at = faults.cut_after
@@ -207,17 +218,8 @@ async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disco
         batch, seq.pending = seq.pending, []
         out: list[bytes] = []
         if sent == 0:
-            kind = "response.output_item.added"
-            item = call.message("", "in_progress")
-            out.append(
-                _event(kind, OutputItemEvent(item=item, output_index=0, sequence_number=next(number), type=kind))
-            )
-            kind = "response.content_part.added"
-            part = OutputText(text="", logprobs=[])
-            added = ContentPartEvent(
-                content_index=0, item_id=item_id, output_index=0, part=part, sequence_number=next(number), type=kind
-            )
-            out.append(_event(kind, added))
+            out.append(item("response.output_item.added", call.message("", "in_progress")))
+            out.append(part("response.content_part.added", OutputText(text="", logprobs=[])))
         for n in batch:
             if n_chunks == fault_at:
                 break
@@ -244,20 +246,10 @@ async def _stream(engine: Engine, call: _Call, send: Send, faults: Faults, disco
     text_done = OutputTextDone(
         content_index=0, item_id=item_id, logprobs=[], output_index=0, sequence_number=next(number), text=text
     )
-    kind = "response.content_part.done"
-    part_done = ContentPartEvent(
-        content_index=0,
-        item_id=item_id,
-        output_index=0,
-        part=OutputText(text=text),
-        sequence_number=next(number),
-        type=kind,
-    )
-    item_kind, completed = "response.output_item.done", "response.completed"
     tail = [
         _event(text_done.type, text_done),
-        _event(kind, part_done),
-        _event(item_kind, OutputItemEvent(item=done, output_index=0, sequence_number=next(number), type=item_kind)),
-        _event(completed, ResponseEvent(response=call.final([done]), sequence_number=next(number), type=completed)),
+        part("response.content_part.done", OutputText(text=text)),
+        item("response.output_item.done", done),
+        response("response.completed", call.final([done])),
     ]
     await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
