@@ -146,11 +146,8 @@ class Engine:
             t_end = t_start + plan.dt
             self._step_start, self._step_end = t_start, t_end
             ahead = (t_end - self._wall()) / speed
-            if ahead > _MIN_SLEEP_REAL_S:
-                await asyncio.sleep(ahead)
-                last_yield = time.monotonic()
-            elif ahead > 0:
-                await asyncio.sleep(0)
+            if ahead > 0:  # a sleep too short to time is a bare yield
+                await asyncio.sleep(ahead if ahead > _MIN_SLEEP_REAL_S else 0)
                 last_yield = time.monotonic()
             else:
                 # Behind real time (CPU-bound): run steps back to back, yielding about once per

@@ -23,23 +23,16 @@ class KVBlockPool:
         self.used = 0
 
     @property
-    def free(self) -> int:
-        return self.num_blocks - self.used
-
-    @property
     def usage(self) -> float:
         """Share of the pool held by sequences, 0..1."""
         return self.used / self.num_blocks
 
-    def blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
     def reserve(self, holder: BlockHolder, tokens: int) -> bool:
         """Grow `holder` to hold `tokens`; False (nothing changed) when the pool lacks the blocks."""
-        need = self.blocks_for(tokens) - holder.blocks
+        need = -(-tokens // self.block_size) - holder.blocks  # whole blocks, rounded up
         if need <= 0:
             return True
-        if need > self.free:
+        if need > self.num_blocks - self.used:
             return False
         holder.blocks += need
         self.used += need

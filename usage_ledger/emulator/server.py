@@ -12,7 +12,7 @@ import msgspec
 import uvicorn
 
 from usage_ledger.emulator.app import EmulatorApp, create_app
-from usage_ledger.emulator.config import EmulatorConfig
+from usage_ledger.emulator.config import PROFILES, EmulatorConfig
 from usage_ledger.emulator.engine import RequestRecord
 
 __all__ = ("RunningEmulator", "running_emulator", "serve")
@@ -65,8 +65,6 @@ async def running_emulator(config: EmulatorConfig | None = None, **overrides: ob
 
     `overrides` replace fields of `config` (default: the `moe` profile).
     """
-    from usage_ledger.emulator.config import PROFILES
-
     cfg = msgspec.structs.replace(config or PROFILES["moe"], **overrides)
     app = create_app(cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets NODELAY
