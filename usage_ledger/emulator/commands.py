@@ -116,14 +116,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> EmulatorConfig:
-    overrides: dict[str, Any] = {
-        name: getattr(args, name) for name, _, _ in _OVERRIDES if getattr(args, name) is not None
-    }
+    given = [*(name for name, _, _ in _OVERRIDES), "cache_dtype", "enable_prefix_caching"]  # None: the profile's
+    overrides: dict[str, Any] = {name: getattr(args, name) for name in given if getattr(args, name) is not None}
     if args.model:
         overrides["model"] = args.model
-    for name in ("cache_dtype", "enable_prefix_caching"):
-        if getattr(args, name) is not None:
-            overrides[name] = getattr(args, name)
     parse_faults(args.fault)
     return profile_config(
         args.profile,

@@ -64,9 +64,9 @@ class Metrics:
     `x_total` samples, and every counter and histogram has its `x_created` gauge (start time).
     """
 
-    def __init__(self, model: str, spec_tokens: int, created: float = 0.0, cache_config: dict[str, str] | None = None):
+    def __init__(self, model: str, spec_tokens: int, created: float, cache_config: dict[str, str]):
         self.model = model
-        self.cache_config = cache_config or {}
+        self.cache_config = cache_config
         self.created = created
         self.prompt_tokens = 0
         self.generation_tokens = 0
@@ -148,7 +148,7 @@ class Metrics:
                 "Accepted tokens per draft position.",
                 [(_labels(**base, position=str(pos)), count) for pos, count in enumerate(sched.accepted_per_pos)],
             )
-        if self.cache_config:  # vLLM labels it with the engine only, no model_name
-            metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-            out.append(f"vllm:cache_config_info{{{_labels(**self.cache_config, engine='0')}}} 1.0")
+        metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+        # vLLM labels it with the engine only, no model_name
+        out.append(f"vllm:cache_config_info{{{_labels(**self.cache_config, engine='0')}}} 1.0")
         return "\n".join(out) + "\n"
