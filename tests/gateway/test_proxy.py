@@ -117,3 +117,6 @@ def test_a_request_member_of_an_odd_type_costs_only_that_member() -> None:
     assert info.stream and info.model is None and info.sampling.max_tokens == 5 and info.sampling.temperature is None
     assert inspect_request(b'{"model": 1e999999, "stream": true}').stream is False  # nothing readable at all
     assert inspect_request(b'{"model": "m", "max_output_tokens": 9}').sampling.max_tokens == 9  # Responses API
+    # the client's own usage request is seen beside a continuous_usage_stats of another type than bool
+    odd = inspect_request(b'{"stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": 0}}')
+    assert odd.stream and odd.wants_usage
