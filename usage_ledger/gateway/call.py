@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 
 from usage_ledger.gateway._http import AbortSignal, Exchange, UpstreamResponse
-from usage_ledger.gateway.call_record import CallRecord
+from usage_ledger.gateway.call_record import CallRecord, Proxy
 from usage_ledger.gateway.encoding import UnreadableBody
 from usage_ledger.gateway.errors import GatewayError, LedgerUnavailable, UpstreamError, UpstreamInvalid
 from usage_ledger.gateway.headers import Header, LedgerTags, forward_headers
@@ -29,9 +29,6 @@ from usage_ledger.gateway.observed import Observed
 from usage_ledger.gateway.paths import USAGE_REQUEST_PATHS
 from usage_ledger.gateway.recorder import NotRecorded, new_call_id
 from usage_ledger.gateway.relay import plan_relay
-
-if TYPE_CHECKING:  # (a circle at run time: the proxy's module imports this one)
-    from usage_ledger.gateway.proxy import Proxy
 
 __all__ = ("AbortResponse", "Call")
 
@@ -143,6 +140,9 @@ class Call:
             if response is not None:
                 await _close_quietly(response)
 
+    def _extra_headers(self) -> list[Header]:
+        return [self.id_header] if self.recorded else []
+
     async def _fail_before_response(self, client: Exchange, exc: GatewayError, phase: str, reason: str) -> None:
         record = self.record
         record.started()
@@ -156,7 +156,7 @@ class Call:
             # would be a response the ledger does not hold. Refused like an unrecorded start instead.
             await self._answer_unrecorded(client)
             return
-        client.respond_json(exc.status, exc.body(), [self.id_header] if self.recorded else [])
+        client.respond_json(exc.status, exc.body(), self._extra_headers())
 
     async def _relay(self, response: UpstreamResponse, client: Exchange) -> None:
         record = self.record

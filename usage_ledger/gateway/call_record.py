@@ -18,25 +18,40 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
+from usage_ledger.gateway._http import Upstream
+from usage_ledger.gateway.fingerprint_key import FingerprintKey
 from usage_ledger.gateway.headers import Header, LedgerTags, recorded_headers
 from usage_ledger.gateway.inspect import RequestInfo
 from usage_ledger.gateway.kept import KeptBody
+from usage_ledger.gateway.limits import ByteBudget
+from usage_ledger.gateway.metrics import Metrics
 from usage_ledger.gateway.observed import Observed
-from usage_ledger.gateway.recorder import NotRecorded
+from usage_ledger.gateway.recorder import NotRecorded, Recorder
 from usage_ledger.gateway.relay import RelayPlan
 from usage_ledger.gateway.secrets import recorded_query
+from usage_ledger.gateway.settings import GatewaySettings
 from usage_ledger.ledger import CallFailed, CallFinished, CallStarted, Durable, Timings, Usage, UsageSource
 
-if TYPE_CHECKING:  # (a circle at run time: the proxy's module imports this one, through `gateway.call`)
-    from usage_ledger.gateway.proxy import Proxy
-
-__all__ = ("CallRecord",)
+__all__ = ("CallRecord", "Proxy")
 
 log = structlog.get_logger("gateway")
+
+
+class Proxy(Protocol):
+    """What a call uses of the proxy that runs it (`gateway.proxy.Proxy`; named here, not imported: no circle)."""
+
+    settings: GatewaySettings
+    fingerprint_key: FingerprintKey
+    upstream: Upstream
+    recorder: Recorder
+    metrics: Metrics
+    stored_bytes: ByteBudget
+    upstream_url: str
+    upstream_forces_usage: bool | None
 
 
 def _timestamp(t: float | None) -> datetime | None:
@@ -106,7 +121,7 @@ class CallRecord:
         info = self.info
         event = CallStarted(
             call_id=self.call_id,
-            received_at=datetime.fromtimestamp(self.received, UTC),
+            received_at=_timestamp(self.received) or datetime.now(UTC),
             method=self.method,
             path=self.path,
             query=recorded_query(self.query, self.proxy.fingerprint_key),
@@ -128,7 +143,7 @@ class CallRecord:
 
     def _timings(self) -> Timings:
         return Timings(
-            received=datetime.fromtimestamp(self.received, UTC),
+            received=_timestamp(self.received) or datetime.now(UTC),
             upstream_headers=_timestamp(self.headers_at),
             first_token=_timestamp(self.seen.first_token),
             last_token=_timestamp(self.seen.last_token),

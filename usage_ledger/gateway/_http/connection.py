@@ -53,7 +53,6 @@ class HttpConnection(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.task: asyncio.Task[None] | None = None
         self.bad_request: str | None = None
-        """Why the connection stops reading (set: nothing more is parsed); answered once the request in progress is."""
         self.bad_status = 400
         self.head_bytes = 0
         """Of the head being parsed: the bytes httptools handed over (request target, header names and values)."""
@@ -367,9 +366,13 @@ class HttpConnection(asyncio.Protocol):
         """`ServerState` closes it for room (`ConnectionGuard.shed`)."""
         self.guard.shed()
 
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down: responses close their connection."""
+        return self.server.closing
+
     # -- errors, limits and timers -------------------------------------------------------------
     def malformed(self, reason: str) -> None:
-        """Answer `bad_status` with `reason` and close, once any request before it is answered."""
         self.bad_request = reason
         self.guard.phase = BUSY
         if self.transport is not None and not self.read_paused:

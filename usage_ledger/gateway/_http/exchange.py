@@ -7,17 +7,15 @@ Exchange   the response side: written straight to the connection's transport, Co
 
 from __future__ import annotations
 
+import asyncio
 import http
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from usage_ledger.gateway.errors import GatewayError
 from usage_ledger.gateway.headers import Header
 
-if TYPE_CHECKING:  # (a circle at run time: the connection's module imports this one)
-    from usage_ledger.gateway._http.connection import HttpConnection
-
-__all__ = ("Exchange", "Request", "status_line")
+__all__ = ("Connection", "Exchange", "Request", "status_line")
 
 _LAST_CHUNK = b"0\r\n\r\n"
 _STATUS_LINES: dict[int, bytes] = {}
@@ -77,6 +75,26 @@ class Request:
         self.received = 0.0
 
 
+class Connection(Protocol):
+    """What an exchange writes to (`_http.connection.HttpConnection`; named here, not imported: no circle)."""
+
+    transport: asyncio.Transport | None
+    closed: bool
+    http11: bool
+    write_paused: bool
+    client: tuple[str, int] | None
+    local: tuple[str, int] | None
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def abort(self) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
 class Exchange:
     """The response side of one request, written straight to the connection's transport.
 
@@ -86,7 +104,7 @@ class Exchange:
 
     __slots__ = ("_chunked", "_conn", "_head_only", "_hold", "ended", "keep_alive", "on_disconnect", "started")
 
-    def __init__(self, conn: HttpConnection, request: Request) -> None:
+    def __init__(self, conn: Connection, request: Request) -> None:
         self._conn = conn
         self._head_only = request.method == "HEAD"
         self._chunked = False
@@ -100,10 +118,14 @@ class Exchange:
         """Write the status line and headers (hop-by-hop ones already removed by the caller)."""
         conn = self._conn
         self.started = True
-        has_length = any(name.lower() == b"content-length" for name, _ in headers)
+        has_length = False
+        for name, _ in headers:
+            if name == b"content-length" or name.lower() == b"content-length":
+                has_length = True
+                break
         no_body = self._head_only or status in (204, 304) or status < 200
         self._chunked = not has_length and not no_body and conn.http11
-        if not (has_length or self._chunked or no_body) or conn.server.closing:
+        if not (has_length or self._chunked or no_body) or conn.stopping:
             self.keep_alive = False  # the body ends when the connection does (HTTP/1.0), or we are stopping
         out = [status_line(status)]
         for name, value in headers:
@@ -152,7 +174,7 @@ class Exchange:
         self._conn.abort()
 
     @property
-    def connection(self) -> HttpConnection:
+    def connection(self) -> Connection:
         return self._conn
 
     def flow(self, hold: Callable[[bool], None] | None) -> None:

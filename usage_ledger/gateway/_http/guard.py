@@ -10,25 +10,26 @@ One timer per connection, lazily re-armed (never armed or cancelled per request)
           seconds does not keep a connection, and its slot, forever)
     BUSY  a request is being handled, or the connection is ending: nothing is due
 
-Closing after an error answer lingers (`close_lingering`): the client may still be sending.
+Closing after an error answer lingers (`close_lingering`): the client may still be sending. The guard acts on
+its connection through `Guarded`, what it needs of one.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
-from usage_ledger.gateway._http.exchange import status_line
-from usage_ledger.gateway._http.state import ServerState
+from usage_ledger.gateway._http.exchange import Request, status_line
 from usage_ledger.gateway.errors import GatewayBusy, RequestTimeout
-from usage_ledger.gateway.limits import LINGERING_MAX, ServerLimits
+from usage_ledger.gateway.limits import LINGERING_MAX
 
-if TYPE_CHECKING:  # (a circle at run time: the connection's module imports this one)
-    from usage_ledger.gateway._http.connection import HttpConnection
+if TYPE_CHECKING:
+    from usage_ledger.gateway._http.state import ServerState
+    from usage_ledger.gateway.limits import ServerLimits
 
-__all__ = ("BODY", "BUSY", "HEAD", "IDLE", "REFUSED_LINGER_S", "ConnectionGuard")
+__all__ = ("BODY", "BUSY", "HEAD", "IDLE", "REFUSED_LINGER_S", "ConnectionGuard", "Guarded")
 
 log = structlog.get_logger("gateway.server")
 
@@ -43,10 +44,41 @@ BODY = 2  # headers complete, body not
 BUSY = 3  # nothing to read for now (a request is being handled, or the connection is ending)
 
 
+class Guarded(Protocol):
+    """What a guard does to its connection (`_http.connection.HttpConnection`; named, not imported: no circle)."""
+
+    transport: asyncio.Transport | None
+    closed: bool
+    read_paused: bool
+    bad_request: str | None
+    """Why the connection stops reading (set: nothing more is parsed); answered once the request in progress is."""
+    bad_status: int
+    parsing: Request | None
+    client: tuple[str, int] | None
+
+    @property
+    def idle(self) -> bool: ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def malformed(self, reason: str) -> None:
+        """Answer `bad_status` with `reason` and close, once any request before it is answered."""
+
+    def dispatch(self) -> None:
+        """Start the next request if none is running."""
+
+    def wake(self) -> None:
+        """Wake a handler waiting for its body (or for the client to read)."""
+
+
 class ConnectionGuard:
     """One connection's phase and deadlines on one timer, its refusal at the cap, shedding and lingering close."""
 
-    def __init__(self, conn: HttpConnection, server: ServerState) -> None:
+    def __init__(self, conn: Guarded, server: ServerState) -> None:
         self.conn = conn
         self.server = server
         self.limits: ServerLimits = server.limits

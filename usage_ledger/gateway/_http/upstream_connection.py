@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
 from usage_ledger.gateway.errors import UpstreamError, UpstreamInvalid, UpstreamReset, UpstreamTimeout
 from usage_ledger.gateway.headers import Header
 from usage_ledger.gateway.limits import MAX_HEAD_BYTES
-
-if TYPE_CHECKING:  # (a circle at run time: the pool's module imports this one)
-    from usage_ledger.gateway._http.client import UpstreamPool
 
 __all__ = ("HIGH_WATER", "UpstreamConnection")
 
@@ -35,10 +32,21 @@ _HEAD_TOO_LARGE = f"the upstream's response head exceeds {MAX_HEAD_BYTES} bytes"
 _TRAILER_TOO_LARGE = f"the upstream's trailer fields exceed {MAX_HEAD_BYTES} bytes"
 
 
+class _Pool(Protocol):
+    """What a connection uses of its pool (`_http.client.UpstreamPool`; named here, not imported: no circle)."""
+
+    loop: asyncio.AbstractEventLoop
+    read_timeout: float
+
+    def release(self, conn: UpstreamConnection) -> None: ...
+
+    def slot_freed(self, conn: UpstreamConnection) -> None: ...
+
+
 class UpstreamConnection(asyncio.Protocol):
     """One upstream connection and the state of the response being received on it."""
 
-    def __init__(self, pool: UpstreamPool) -> None:
+    def __init__(self, pool: _Pool) -> None:
         self.pool = pool
         self.loop = pool.loop
         self.transport: asyncio.Transport | None = None
