@@ -3,15 +3,13 @@ JSON endpoints (ui.api). A page the token does not open redirects to the token f
 
 from __future__ import annotations
 
-import functools
 from typing import Annotated, Any
-from zoneinfo import available_timezones
 
 from litestar import Request, Response, Router, get
 from litestar.params import FromQuery, QueryParameter
 from litestar.status_codes import HTTP_400_BAD_REQUEST, HTTP_404_NOT_FOUND
 
-from usage_ledger.answers import runs_report
+from usage_ledger.answers import ZONE_NAMES, runs_report
 from usage_ledger.projections import NotFound, ProjectionError, projection_text_or_none
 from usage_ledger.ui.api import MAX_OFFSET, call_query
 from usage_ledger.ui.auth import LoginRequired, UiAuth
@@ -24,11 +22,6 @@ from usage_ledger.ui.views import compare_view, daily_view, eras_view, runs_view
 __all__ = ("CALLS_PER_PAGE", "pages_router")
 
 CALLS_PER_PAGE = 50
-
-
-@functools.cache
-def _zones() -> list[str]:
-    return sorted(available_timezones())
 
 
 def pages_router(reader: Reader, auth: UiAuth, renderer: Renderer) -> Router:
@@ -58,7 +51,7 @@ def pages_router(reader: Reader, auth: UiAuth, renderer: Renderer) -> Router:
     @get("/daily", include_in_schema=False)
     async def daily(tz: FromQuery[str] = "") -> Response[str]:
         view = await daily_view(reader, tz=tz or None)
-        return renderer.page("daily.html", title="Daily", view=view, zones=_zones(), query={"tz": view.tz})
+        return renderer.page("daily.html", title="Daily", view=view, zones=ZONE_NAMES, query={"tz": view.tz})
 
     @get("/calls", include_in_schema=False)
     async def calls(
