@@ -1,5 +1,5 @@
 """What the dashboard reads beyond the reports: filtered call lists, one call with its events and bodies,
-a run's calls, and the server's samples over a run.
+and the server's samples over a run.
 
 A body the ledger redacted (or never stored) shows as such: `read_blob` refuses it, and the page says why.
 """
@@ -18,7 +18,6 @@ from usage_ledger.answers import (
     Body,
     CallFilter,
     filter_clauses,
-    iter_calls,
     live_versions,
     run_filter,
     show_call,
@@ -39,7 +38,6 @@ __all__ = (
     "call_detail",
     "call_facets",
     "list_calls",
-    "run_calls",
     "run_samples",
 )
 
@@ -182,10 +180,6 @@ async def call_detail(database: Database, call_id: str, *, bodies: bool) -> Call
     return CallDetail(
         call=shown.call, events=history, request=_clipped(shown.request), response=_clipped(shown.response)
     )
-
-
-async def run_calls(database: Database, run: str, *, run_gap_s: float) -> list[CallView]:
-    return [view async for view in iter_calls(database, run=run, run_gap_s=run_gap_s, refresh=False)]
 
 
 async def run_samples(database: Database, row: RunRow) -> list[ServerSampled]:

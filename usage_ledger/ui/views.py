@@ -17,6 +17,7 @@ from usage_ledger.answers import (
     daily_report,
     era_of,
     group_of,
+    iter_calls,
     metric_values,
     parse_zone,
     runs_report,
@@ -24,7 +25,7 @@ from usage_ledger.answers import (
     weekday_mean,
 )
 from usage_ledger.projections import FORMULAS, CallView, DailyRow, ReportSettings, RunRow, TickerRow, WeekdayRow
-from usage_ledger.ui.queries import run_calls, run_samples
+from usage_ledger.ui.queries import run_samples
 from usage_ledger.ui.reader import Reader
 from usage_ledger.ui.series import (
     Histogram,
@@ -142,7 +143,7 @@ async def run_view(reader: Reader, run: str, *, formula: str | None = None) -> R
     database = await reader.ready()
     gap = reader.settings.run_gap_s
     (row,) = await runs_report(database, formula=formula, run=run, run_gap_s=gap, refresh=False)
-    calls = await run_calls(database, run, run_gap_s=gap)
+    calls = [view async for view in iter_calls(database, run=run, run_gap_s=gap, refresh=False)]
     tickers = await tickers_report(database, run=run, run_gap_s=gap, refresh=False)
     samples = await run_samples(database, row)
     ttft, tpot = ttft_values(calls), tpot_values(calls)
