@@ -10,7 +10,6 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from datetime import datetime
 
 import msgspec
 
@@ -51,18 +50,14 @@ class Histogram(msgspec.Struct, frozen=True, kw_only=True):
     source: str
 
 
-def _ts(moment: datetime) -> float:
-    return moment.timestamp()
-
-
 def in_flight_series(calls: Sequence[CallView]) -> Series:
     """Calls running at each moment a call started or ended (a step chart: the value holds until the next x)."""
     changes: dict[float, int] = {}
     for call in calls:
-        start = _ts(call.started_at)
+        start = call.started_at.timestamp()
         changes[start] = changes.get(start, 0) + 1
         if call.ended_at is not None:
-            end = _ts(call.ended_at)
+            end = call.ended_at.timestamp()
             changes[end] = changes.get(end, 0) - 1
     x: list[float] = []
     y: list[float | None] = []
@@ -89,8 +84,8 @@ def output_rate_series(calls: Sequence[CallView], buckets: int = 120) -> Series:
     for call in calls:
         if call.ended_at is None or call.output_tokens <= 0:
             continue
-        begun = _ts(call.first_token_at or call.started_at)
-        spans.append((begun, max(_ts(call.last_token_at or call.ended_at), begun), call.output_tokens))
+        begun = (call.first_token_at or call.started_at).timestamp()
+        spans.append((begun, max((call.last_token_at or call.ended_at).timestamp(), begun), call.output_tokens))
     if not spans:
         return Series(x=[], y=[], source=nothing_to_draw(calls) or "no finished call has output tokens")
     begin = min(s[0] for s in spans)
@@ -203,7 +198,7 @@ def _acceptance(before: ServerSampled, after: ServerSampled) -> float | None:
 def server_series(samples: Sequence[ServerSampled]) -> ServerSeries:
     ordered = sorted(samples, key=lambda s: s.sampled_at)
     return ServerSeries(
-        x=[_ts(s.sampled_at) for s in ordered],
+        x=[s.sampled_at.timestamp() for s in ordered],
         kv_cache_usage=[s.gauges.get("vllm:kv_cache_usage_perc") for s in ordered],
         running=[s.gauges.get("vllm:num_requests_running") for s in ordered],
         waiting=[s.gauges.get("vllm:num_requests_waiting") for s in ordered],
