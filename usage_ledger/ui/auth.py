@@ -19,7 +19,7 @@ from litestar.exceptions import HTTPException, NotAuthorizedException
 from litestar.handlers.base import BaseRouteHandler
 from litestar.params import Body, FromQuery
 from litestar.response import Redirect
-from litestar.status_codes import HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED, HTTP_429_TOO_MANY_REQUESTS
+from litestar.status_codes import HTTP_200_OK, HTTP_303_SEE_OTHER, HTTP_401_UNAUTHORIZED, HTTP_429_TOO_MANY_REQUESTS
 
 from usage_ledger.ledger import DoorShut, GuessLimiter
 from usage_ledger.ui.render import Renderer
@@ -122,9 +122,14 @@ class UiAuth:
     def handlers(self) -> list[Any]:
         auth = self
 
+        def form(target: str, error: str | None = None, status: int = HTTP_200_OK) -> Response[str]:
+            page = auth.renderer.page("login.html", title="Enter the admin token", next=target, error=error)
+            page.status_code = status
+            return page
+
         @get("/login", include_in_schema=False, sync_to_thread=False)
         def login_form(next: FromQuery[str] = "") -> Response[str]:
-            return auth.renderer.page("login.html", title="Enter the admin token", next=_safe_next(next), error=None)
+            return form(_safe_next(next))
 
         @post("/login", include_in_schema=False, sync_to_thread=False)
         def login(
@@ -138,22 +143,13 @@ class UiAuth:
             wait_s = auth.guesses.wait_s(client)
             if wait_s > 0:  # the token is not compared: a right guess now looks like a wrong one
                 seconds = math.ceil(wait_s)
-                page = auth.renderer.page(
-                    "login.html",
-                    title="Enter the admin token",
-                    next=target,
-                    error=f"Too many wrong tokens from your address: try again in {seconds} s.",
-                )
-                page.status_code = HTTP_429_TOO_MANY_REQUESTS
+                error = f"Too many wrong tokens from your address: try again in {seconds} s."
+                page = form(target, error, HTTP_429_TOO_MANY_REQUESTS)
                 page.headers["Retry-After"] = str(seconds)
                 return page
             if not hmac.compare_digest(data.token.encode(), auth.token.encode()):
                 auth.guesses.failed(client)
-                page = auth.renderer.page(
-                    "login.html", title="Enter the admin token", next=target, error="That is not the admin token."
-                )
-                page.status_code = HTTP_401_UNAUTHORIZED
-                return page
+                return form(target, "That is not the admin token.", HTTP_401_UNAUTHORIZED)
             auth.guesses.succeeded(client)
             cookie = Cookie(
                 key=COOKIE,
