@@ -66,22 +66,19 @@ async def _check(database: Database, name: str, page_size: int) -> ReadModelChec
                 folded = await projection.digest(conn, scratch)
                 if await read_checkpoint(conn, name, live) != target:
                     continue  # the follower applied more events meanwhile: fold those too, digest again
-                if stored == folded:
-                    return ReadModelCheck(
-                        name=name, version=live, checkpoint=target, ok=True, stored_digest=stored, folded_digest=folded
-                    )
-                count, rows = await _differences(conn, name, live, scratch)
+                ok = stored == folded
+                count, rows = (0, []) if ok else await _differences(conn, name, live, scratch)
             problem = f"{count} row(s) of version {live} differ from the events folded again up to position {target}"
             return ReadModelCheck(
                 name=name,
                 version=live,
                 checkpoint=target,
-                ok=False,
+                ok=ok,
                 stored_digest=stored,
                 folded_digest=folded,
                 differing_rows=count,
                 rows=rows,
-                problem=problem,
+                problem=None if ok else problem,
             )
         return ReadModelCheck(
             name=name,
