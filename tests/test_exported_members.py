@@ -208,6 +208,7 @@ EXPORTED = {
         "server_block",
         "set_formula",
         "verify_read_models",
+        "write_checkpoint",
     ],
     "answers": [
         "Agreement",

@@ -25,16 +25,17 @@ from usage_ledger.ledger import (
     decode_event,
     read_blob,
     read_events,
-    utc_now,
 )
-from usage_ledger.ledger.schema import checkpoints, events
+from usage_ledger.ledger.schema import events
 from usage_ledger.otel.calls import ExportedCall, call_from_row, response_model, trace_ids
 from usage_ledger.otel.errors import ExportFailed, OtelMissing
-from usage_ledger.projections import CallRow, decode_calls, fold_calls
+from usage_ledger.projections import CallRow, decode_calls, fold_calls, read_checkpoint, write_checkpoint
 
 __all__ = ("CHECKPOINT_NAME", "Exporters", "export_once", "follow_export", "open_exporters", "read_export_checkpoint")
 
 CHECKPOINT_NAME = "otel.export"
+_VERSION = 1
+"""The export's checkpoint is a row of the projections' checkpoints, under a version of its own that never changes."""
 _ENDS = ("call.finished", "call.failed", "call.imported")
 _Event = tuple[int, str, str]
 """(position, type, payload): an event as the fold reads it."""
@@ -120,23 +121,7 @@ def _record_metrics(exporters: Exporters, call: ExportedCall) -> None:
 
 
 async def read_export_checkpoint(conn: AsyncConnection) -> int:
-    query = select(checkpoints.c.position).where(checkpoints.c.projection == CHECKPOINT_NAME)
-    value = (await conn.execute(query)).scalar_one_or_none()
-    return int(value) if value is not None else 0
-
-
-async def _write_checkpoint(database: Database, position: int) -> None:
-    async with database.engine.begin() as conn:
-        insert = database.backend_ops.insert
-        statement = insert(checkpoints).values(
-            projection=CHECKPOINT_NAME, version=1, position=position, updated_at=utc_now()
-        )
-        await conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["projection", "version"],
-                set_={"position": statement.excluded.position, "updated_at": statement.excluded.updated_at},
-            )
-        )
+    return await read_checkpoint(conn, CHECKPOINT_NAME, _VERSION)
 
 
 async def _call_events(conn: AsyncConnection, streams: Sequence[str], until: int) -> dict[str, list[_Event]]:
@@ -218,7 +203,8 @@ async def export_once(database: Database, exporters: Exporters, *, page_size: in
             if not await asyncio.to_thread(exporters.meter_provider.force_flush):
                 log.warning("otel_metrics_not_flushed", checkpoint=page[-1].position)
         position = page[-1].position
-        await _write_checkpoint(database, position)
+        async with database.engine.begin() as conn:
+            await write_checkpoint(conn, CHECKPOINT_NAME, _VERSION, position)
         log.info("otel_exported", spans=len(calls), checkpoint=position)
 
 

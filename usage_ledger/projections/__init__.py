@@ -30,6 +30,7 @@ from usage_ledger.projections.engine import (
     projection_named,
     projection_status,
     read_checkpoint,
+    write_checkpoint,
 )
 from usage_ledger.projections.errors import ImportFailed, NotFound, ProjectionError
 from usage_ledger.projections.formulas import FORMULAS, RunStats, get_formula
@@ -118,4 +119,5 @@ __all__ = (
     "server_block",
     "set_formula",
     "verify_read_models",
+    "write_checkpoint",
 )
