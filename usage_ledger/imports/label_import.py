@@ -32,7 +32,6 @@ from usage_ledger.imports._rows import csv_records, line_of
 from usage_ledger.ledger import (
     Database,
     LabelsRecorded,
-    NewEvent,
     RecordedLabel,
     RecordedReturn,
     ReturnsRecorded,
@@ -113,7 +112,19 @@ async def _record(
         return Recorded(source=body.source, rows=rows, appended=False, position=None, event_id=after, warnings=warnings)
     items = body.labels if isinstance(body, LabelsRecorded) else body.returns
     event = new_event(body, stream=stream, event_id=_content_id(kind, items, after))
-    return await _append(database, event, body.source, rows, warnings)
+    try:
+        result = await append_events(database, [event])
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
+    appended = result.appended > 0
+    return Recorded(
+        source=body.source,
+        rows=rows,
+        appended=appended,
+        position=result.last_position if appended else None,
+        event_id=str(event.event_id),
+        warnings=warnings,
+    )
 
 
 def _rows(path: Path, required: Sequence[str], errors: list[str]) -> Iterator[tuple[int, dict[str, str]]]:
@@ -143,22 +154,6 @@ def _text(value: str, field: str, *, empty: bool = False) -> str:
     if (not value and not empty) or len(value) > _MAX_TEXT or any(ord(ch) < 32 for ch in value):
         raise ValueError(f"{field}: must be 1-{_MAX_TEXT} characters without control characters, got {value!r}")
     return value
-
-
-async def _append(database: Database, event: NewEvent, source: str, rows: int, warnings: list[str]) -> Recorded:
-    try:
-        result = await append_events(database, [event])
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
-    appended = result.appended > 0
-    return Recorded(
-        source=source,
-        rows=rows,
-        appended=appended,
-        position=result.last_position if appended else None,
-        event_id=str(event.event_id),
-        warnings=warnings,
-    )
 
 
 async def _unknown_runs(database: Database, runs: Sequence[str], run_gap_s: float) -> set[str]:
@@ -194,10 +189,7 @@ async def import_labels(database: Database, path: str | Path, *, run_gap_s: floa
         labels.append(label)
     for run in sorted(await _unknown_runs(database, list(run_lines), run_gap_s)):
         errors.append(f"{path}:{run_lines[run]}: no run {run!r} in the ledger (see `ledger report runs`)")
-    if not labels and not errors:
-        errors.append(f"{path}:1: no labels in the file")
-    if errors:
-        raise _refuse(errors)
+    _refuse_if_bad(path, errors, len(labels), "labels")
     body = LabelsRecorded(source=path.name, labels=labels)
     return await _record(database, body, len(labels), await _labels_current(database, labels), [])
 
@@ -275,15 +267,14 @@ async def import_returns(database: Database, path: str | Path) -> Recorded:
             errors.append(f"{path}:{line}: a second return for key {item.key!r}{when} (first: line {seen})")
             continue
         returns.append(item)
-    if not returns and not errors:
-        errors.append(f"{path}:1: no returns in the file")
-    if errors:
-        raise _refuse(errors)
+    _refuse_if_bad(path, errors, len(returns), "returns")
     body = ReturnsRecorded(source=path.name, returns=returns)
     return await _record(database, body, len(returns), await _returns_current(database, returns), [])
 
 
-def _refuse(errors: list[str]) -> ProjectionError:
-    ordered = sorted(errors, key=line_of)
-    more = f"\n... and {len(ordered) - 20} more" if len(ordered) > 20 else ""
-    return ImportFailed(ordered, f"{len(ordered)} invalid row(s), nothing imported:\n" + "\n".join(ordered[:20]) + more)
+def _refuse_if_bad(path: Path, errors: list[str], rows: int, what: str) -> None:
+    """`ImportFailed` (nothing appended) when the file has a bad row, or no row of `what` at all."""
+    if not rows and not errors:
+        errors.append(f"{path}:1: no {what} in the file")
+    if errors:
+        raise ImportFailed(sorted(errors, key=line_of), hint="")

@@ -34,11 +34,8 @@ class NotFound(ProjectionError):
 class ImportFailed(ProjectionError):
     """An import file had invalid rows (nothing of it was imported)."""
 
-    def __init__(self, errors: list[str], message: str | None = None) -> None:
+    def __init__(self, errors: list[str], hint: str = " (fix them or pass --skip-invalid)") -> None:
         self.errors = errors
         shown = "\n".join(errors[:20])
         more = f"\n... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        super().__init__(
-            message
-            or f"{len(errors)} invalid row(s), nothing imported (fix them or pass --skip-invalid):\n{shown}{more}"
-        )
+        super().__init__(f"{len(errors)} invalid row(s), nothing imported{hint}:\n{shown}{more}")
