@@ -127,31 +127,27 @@ def _capped(text: io.TextIOWrapper, too_long: list[int]) -> Iterator[str]:
 def csv_rows(handle: io.BufferedReader) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
     """`ledger import`'s fields per CSV record: empty cells left out, `tag.<name>` columns as `tags`."""
     with contextlib.closing(csv_records(handle)) as records:
-        yield from _fields(records)
-
-
-def _fields(records: Iterator[Record]) -> Iterator[tuple[int, int, dict[str, Any] | str]]:
-    line, consumed, header = next(records, (0, 0, ""))
-    if isinstance(header, str):
-        if header:
-            yield line, consumed, header
-        return
-    for line, consumed, cells in records:
-        if isinstance(cells, str):
-            yield line, consumed, cells
-            continue
-        fields: dict[str, Any] = {}
-        tags: dict[str, str] = {}
-        for name, cell in zip(header, cells, strict=True):
-            if cell == "":
+        line, consumed, header = next(records, (0, 0, ""))
+        if isinstance(header, str):
+            if header:
+                yield line, consumed, header
+            return
+        for line, consumed, cells in records:
+            if isinstance(cells, str):
+                yield line, consumed, cells
                 continue
-            if name.startswith("tag."):
-                tags[name[4:]] = cell
-            else:
-                fields[name] = cell
-        if tags:
-            fields["tags"] = tags
-        yield line, consumed, fields
+            fields: dict[str, Any] = {}
+            tags: dict[str, str] = {}
+            for name, cell in zip(header, cells, strict=True):
+                if cell == "":
+                    continue
+                if name.startswith("tag."):
+                    tags[name[4:]] = cell
+                else:
+                    fields[name] = cell
+            if tags:
+                fields["tags"] = tags
+            yield line, consumed, fields
 
 
 def _is_utf8(cells: list[str]) -> bool:
