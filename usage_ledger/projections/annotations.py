@@ -85,14 +85,11 @@ class AnnotationsProjection:
         return rows
 
     async def digest(self, conn: AsyncConnection, version: int) -> str:
-        digest = hashlib.sha256()
         columns = [c for c in annotations_table.columns if c.name != "version"]
         result = await conn.execute(
             select(*columns).where(annotations_table.c.version == version).order_by(annotations_table.c.position)
         )
-        for r in result:
-            digest.update(_labels_encoder.encode(tuple(r)) + b"\n")
-        return digest.hexdigest()
+        return hashlib.sha256(_labels_encoder.encode_lines([tuple(r) for r in result])).hexdigest()
 
 
 async def load_annotations(conn: AsyncConnection, version: int) -> list[Annotation]:
