@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 
 import httpx
 import msgspec
@@ -165,20 +166,17 @@ async def replay_run(
     if tally.sent:
         note = RunAnnotated(labels={REPLAY_LABEL: options.run}, run=new_run)
         await append_events(database, [new_event(note, stream=f"run-{new_run}")])
-    skipped = dict(plan.skipped)
-    for reason, count in tally.skipped_late.items():
-        skipped[reason] = skipped.get(reason, 0) + count
     return ReplayResult(
         run=options.run,
         new_run=new_run,
         concurrency=concurrency,
         calls=plan.calls,
-        skipped=skipped,
+        skipped=dict(Counter(plan.skipped) + tally.skipped_late),
         sent=tally.sent,
         answered_ok=tally.ok,
         answered_error=tally.error,
         not_answered=tally.sent - tally.ok - tally.error,
-        not_sent=len(plan.requests) - tally.sent - sum(tally.skipped_late.values()),
+        not_sent=len(plan.requests) - tally.sent - tally.skipped_late.total(),
         interrupted=stop.is_set(),
         deadline_reached=halt.deadline_reached,
         upstream_lost=halt.upstream_lost,
@@ -227,7 +225,7 @@ class _Tally:
         self.sent = 0
         self.ok = 0
         self.error = 0
-        self.skipped_late: dict[str, int] = {}
+        self.skipped_late: Counter[str] = Counter()
 
 
 async def _drive(
@@ -285,7 +283,7 @@ async def _drive(
                         break
                     body = await load_body(database, request, model)
                     if isinstance(body, str):  # redacted since the plan was made
-                        tally.skipped_late[body] = tally.skipped_late.get(body, 0) + 1
+                        tally.skipped_late[body] += 1
                         slots.release()
                         finished()
                         continue
