@@ -130,8 +130,6 @@ async def runs_view(reader: Reader, *, label: str | None = None, formula: str | 
 
 
 def _is_live(calls: list[CallView], now: datetime, run_gap_s: float) -> bool:
-    if not calls:
-        return False
     open_since = now - timedelta(seconds=run_gap_s)
     ended = [c.ended_at for c in calls if c.ended_at is not None]
     if any(c.ended_at is None and c.started_at >= open_since for c in calls):
