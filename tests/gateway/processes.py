@@ -32,15 +32,18 @@ class Process:
         self.log = self.log_path.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.args} exited {self.proc.returncode}:\n{self.log_path.read_text()}")
-            try:
-                if httpx.get(self.health_url, timeout=1).status_code in (200, 503):  # up; 503: degraded, says why
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
+        # one client, closed here: a poll that timed out (vLLM accepts before it answers) leaves no socket for the GC
+        # to find later, in another test, as an unclosed-socket warning
+        with httpx.Client(timeout=1) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.args} exited {self.proc.returncode}:\n{self.log_path.read_text()}")
+                try:
+                    if client.get(self.health_url).status_code in (200, 503):  # up; 503: degraded, says why
+                        return self
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.05)
         self.kill()  # never left running behind a failed start
         self.log.close()
         raise RuntimeError(f"{self.args} not healthy in {timeout_s}s:\n{self.log_path.read_text()}")
