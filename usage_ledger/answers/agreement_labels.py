@@ -8,13 +8,14 @@ from __future__ import annotations
 import csv
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.answers._aggregate import run_filter
 from usage_ledger.answers.agreement_text import LabelExtractor, assistant_text, decoded_body
+from usage_ledger.answers.filters import calls_where
 from usage_ledger.answers.reports import live_versions
 from usage_ledger.ledger import BlobNotFound, Database, blob_erasures, blob_redacted_at, call_stream, read_blob
 from usage_ledger.ledger.schema import events
@@ -24,11 +25,13 @@ from usage_ledger.projections.tables import calls
 __all__ = (
     "NO_BODY",
     "TIMED_OUT",
+    "RunCall",
     "RunLabels",
     "answer_text",
     "labels_from_csv",
     "labels_from_ledger",
     "read_outcomes",
+    "run_calls",
 )
 
 TIMED_OUT = "timed out"
@@ -141,6 +144,25 @@ async def _key_label(
     return None, next((r for r in reasons if r in ("no match", TIMED_OUT, "unreadable")), reasons[0])
 
 
+class RunCall(NamedTuple):
+    call_id: str
+    tags: dict[str, str]
+    status: str
+    origin: str
+    response_blob: str | None
+
+
+async def run_calls(conn: AsyncConnection, version: int, run: str, run_gap_s: float) -> list[RunCall]:
+    """The run's calls in start order (what a label is read from); NotFound when there is no such run."""
+    c = calls.c
+    result = await conn.execute(
+        select(c.call_id, c.tags, c.status, c.origin, c.response_blob)
+        .where(*await calls_where(conn, version, run, run_gap_s))
+        .order_by(c.started_at, c.call_id)
+    )
+    return [RunCall(call_id, _tags.decode(tags), *rest) for call_id, tags, *rest in result.all()]
+
+
 async def _run_labels(
     conn: AsyncConnection,
     version: int,
@@ -150,19 +172,9 @@ async def _run_labels(
     where: Sequence[tuple[str, str]],
     run_gap_s: float,
 ) -> RunLabels:
-    clause = await run_filter(conn, version, run, run_gap_s)
-    if clause is None:
-        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
-    c = calls.c
-    result = await conn.execute(
-        select(c.call_id, c.tags, c.status, c.origin, c.response_blob)
-        .where(c.version == version, clause)
-        .order_by(c.started_at, c.call_id)
-    )
     by_key: dict[str, list[tuple[str, str, str, str | None]]] = {}
     without_key = 0
-    for call_id, tags_text, status, origin, blob in result.all():
-        tags = _tags.decode(tags_text)
+    for call_id, tags, status, origin, blob in await run_calls(conn, version, run, run_gap_s):
         if any(tags.get(name) != value for name, value in where):
             continue
         value = tags.get(key)

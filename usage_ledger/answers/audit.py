@@ -10,11 +10,11 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.answers.filters import calls_where
 from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger import CallFinished, CallStarted, Database, ServerSampled, call_stream, decode_event
 from usage_ledger.ledger.schema import events
-from usage_ledger.projections import NotFound, RunRow, live_version, load_samples, samples_of_run
+from usage_ledger.projections import RunRow, live_version, load_samples, samples_of_run
 from usage_ledger.projections.tables import calls
 
 __all__ = ("AuditReport", "Finding", "audit_run")
@@ -70,10 +70,8 @@ async def _facts(
     run = row.run
     async with database.engine.connect() as conn:
         version, _ = await live_version(conn, "calls")
-        where = await run_filter(conn, version, run, run_gap_s)
-        if where is None:
-            raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
-        ids = [r[0] for r in await conn.execute(select(calls.c.call_id).where(calls.c.version == version, where))]
+        where = await calls_where(conn, version, run, run_gap_s)
+        ids = [r[0] for r in await conn.execute(select(calls.c.call_id).where(*where))]
         found = await _call_events(conn, ids)
     values: dict[str, Counter[str]] = {}
     fingerprints = Counter(e.system_fingerprint for e in found if isinstance(e, CallFinished) and e.system_fingerprint)

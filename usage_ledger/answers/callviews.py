@@ -14,10 +14,8 @@ from typing import Any
 import msgspec
 from sqlalchemy import and_, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.answers._aggregate import run_filter
-from usage_ledger.answers.filters import NO_FILTER, CallFilter, filter_clauses
+from usage_ledger.answers.filters import NO_FILTER, CallFilter, calls_where, filter_clauses
 from usage_ledger.answers.reports import live_versions
 from usage_ledger.ledger import Database
 from usage_ledger.projections import CallsPage, CallView, NotFound, decode_rate_note
@@ -63,18 +61,6 @@ async def get_call(database: Database, call_id: str, *, refresh: bool = True) ->
         return _view(row, await _in_flight(conn, version, row))
 
 
-async def _where(
-    conn: AsyncConnection, version: int, run: str | None, run_gap_s: float, filters: CallFilter = NO_FILTER
-) -> list[ColumnElement[bool]]:
-    where: list[ColumnElement[bool]] = [calls.c.version == version, *filter_clauses(filters)]
-    if run is not None:
-        clause = await run_filter(conn, version, run, run_gap_s)
-        if clause is None:
-            raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
-        where.append(clause)
-    return where
-
-
 async def calls_page(
     database: Database,
     *,
@@ -90,7 +76,7 @@ async def calls_page(
     offset = max(0, offset)
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        where = await _where(conn, version, run, run_gap_s, filters)
+        where = await calls_where(conn, version, run, run_gap_s, filters)
         total = int((await conn.execute(select(func.count()).select_from(calls).where(*where))).scalar_one())
         result = await conn.execute(
             select(*_VIEW_COLUMNS)
@@ -122,7 +108,7 @@ async def iter_calls(
         query = select(*_VIEW_COLUMNS).where(calls.c.version == version).order_by(calls.c.started_at, calls.c.call_id)
         wanted: set[str] | None = None
         if run is not None:
-            ids = await conn.execute(select(calls.c.call_id).where(*await _where(conn, version, run, run_gap_s)))
+            ids = await conn.execute(select(calls.c.call_id).where(*await calls_where(conn, version, run, run_gap_s)))
             wanted = set(ids.scalars())
         selected = filter_clauses(filters)
         if since_position is not None:

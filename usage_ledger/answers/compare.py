@@ -11,11 +11,12 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.answers._aggregate import collect_runs, run_filter
+from usage_ledger.answers._aggregate import collect_runs
 from usage_ledger.answers._compare_table import comparison_table
 from usage_ledger.answers.audit import audit_run
 from usage_ledger.answers.compare_latency import Latency, Sample, latency_ms, tpot_s
 from usage_ledger.answers.comparison import Comparison, Ratio, RunComparison
+from usage_ledger.answers.filters import calls_where
 from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger import (
     BlobNotFound,
@@ -26,7 +27,7 @@ from usage_ledger.ledger import (
     read_blob,
     read_events,
 )
-from usage_ledger.projections import FORMULAS, NotFound, ProjectionError, RunRow, live_version
+from usage_ledger.projections import FORMULAS, ProjectionError, RunRow, live_version
 from usage_ledger.projections.tables import calls
 
 __all__ = ("Comparison", "Ratio", "RunComparison", "compare_runs", "metric_values", "render_comparison", "run_column")
@@ -49,9 +50,6 @@ class _CallTimes(msgspec.Struct, frozen=True):
 
 
 async def _call_times(conn: AsyncConnection, version: int, run: str, run_gap_s: float) -> list[_CallTimes]:
-    where = await run_filter(conn, version, run, run_gap_s)
-    if where is None:
-        raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
     c = calls.c
     query = select(
         c.call_id,
@@ -65,7 +63,7 @@ async def _call_times(conn: AsyncConnection, version: int, run: str, run_gap_s: 
         c.output_tokens,
         c.last_position,
         c.retags,
-    ).where(c.version == version, where)
+    ).where(*await calls_where(conn, version, run, run_gap_s))
     return [
         _CallTimes(
             r[0], r[1] == "ok", r[2] == "gateway", r[3], r[4], r[5], r[6], r[7], int(r[8]), int(r[9]), int(r[10])

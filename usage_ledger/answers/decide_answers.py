@@ -10,18 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
-from sqlalchemy import select
 
-from usage_ledger.answers._aggregate import run_filter
-from usage_ledger.answers.agreement_labels import answer_text
+from usage_ledger.answers.agreement_labels import answer_text, run_calls
 from usage_ledger.answers.reports import live_versions
 from usage_ledger.ledger import Database
-from usage_ledger.projections import NotFound, recorded_labels
-from usage_ledger.projections.tables import calls
+from usage_ledger.projections import recorded_labels
 
 __all__ = ("RunAnswer", "key_answers")
-
-_tags = msgspec.json.Decoder(dict[str, str])
 
 
 class RunAnswer(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,19 +41,8 @@ async def key_answers(
     answers = []
     async with database.engine.connect() as conn:
         for run in runs:
-            clause = await run_filter(conn, version, run, run_gap_s)
-            if clause is None:
-                raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
-            c = calls.c
-            rows = (
-                await conn.execute(
-                    select(c.call_id, c.tags, c.status, c.origin, c.response_blob)
-                    .where(c.version == version, clause)
-                    .order_by(c.started_at, c.call_id)
-                )
-            ).all()
-            mine = [row for row in rows if _tags.decode(row.tags).get("ticker") == key]
-            done = [row for row in mine if row.status == "ok"]
+            mine = [call for call in await run_calls(conn, version, run, run_gap_s) if call.tags.get("ticker") == key]
+            done = [call for call in mine if call.status == "ok"]
             label = labels[run].get(key)
             if not done:
                 answers.append(RunAnswer(run=run, label=label, calls=len(mine), missing="no completed call"))

@@ -17,9 +17,11 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 from litestar.openapi.spec import OpenAPIFormat, OpenAPIType, Schema
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from usage_ledger.projections import CALL_STATUSES, ProjectionError, projection_text
+from usage_ledger.answers._aggregate import run_filter
+from usage_ledger.projections import CALL_STATUSES, NotFound, ProjectionError, projection_text
 from usage_ledger.projections.tables import calls
 
 __all__ = (
@@ -30,6 +32,7 @@ __all__ = (
     "ZONE_NAMES",
     "CallFilter",
     "InvalidFilter",
+    "calls_where",
     "filter_clauses",
     "parse_filter",
     "parse_time",
@@ -140,4 +143,17 @@ def filter_clauses(selected: CallFilter) -> list[ColumnElement[bool]]:
         where.append(calls.c.model == selected.model)
     if selected.statuses:
         where.append(calls.c.status.in_(selected.statuses))
+    return where
+
+
+async def calls_where(
+    conn: AsyncConnection, version: int, run: str | None, run_gap_s: float, selected: CallFilter = NO_FILTER
+) -> list[ColumnElement[bool]]:
+    """WHERE clauses for the live calls `selected`, of `run` when given (NotFound when there is no such run)."""
+    where = [calls.c.version == version, *filter_clauses(selected)]
+    if run is not None:
+        clause = await run_filter(conn, version, run, run_gap_s)
+        if clause is None:
+            raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
+        where.append(clause)
     return where

@@ -13,8 +13,8 @@ from datetime import UTC, date, datetime
 from sqlalchemy import BigInteger, case, cast, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.answers._aggregate import RunAcc, collect_runs, run_filter
-from usage_ledger.answers.filters import NO_FILTER, CallFilter, filter_clauses
+from usage_ledger.answers._aggregate import RunAcc, collect_runs
+from usage_ledger.answers.filters import NO_FILTER, CallFilter, calls_where, filter_clauses
 from usage_ledger.answers.zones import in_zone, parse_zone
 from usage_ledger.ledger import Database, ServerSampled
 from usage_ledger.projections import (
@@ -257,12 +257,7 @@ async def daily_report(
     zone = parse_zone(tz)
     version, _, _ = await live_versions(database, refresh=refresh)
     async with database.engine.connect() as conn:
-        where = [calls.c.version == version, *filter_clauses(filters)]
-        if run is not None:
-            clause = await run_filter(conn, version, run, run_gap_s)
-            if clause is None:
-                raise NotFound(f"no run {run!r} in the ledger (see `ledger report runs`)")
-            where.append(clause)
+        where = await calls_where(conn, version, run, run_gap_s, filters)
         bucket = database.backend_ops.epoch_bucket(calls.c.started_at, _BUCKET_S).label("bucket")
         query = (
             select(
