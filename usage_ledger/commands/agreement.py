@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
 
-from usage_ledger.commands.support import add_db_option, async_command, logged_settings, open_checked
+from usage_ledger.commands.support import (
+    add_db_option,
+    add_format_option,
+    add_run_gap_option,
+    async_command,
+    checked_database,
+    logged_settings,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,8 +49,8 @@ def add_agreement_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser
     )
     p.add_argument("--outcomes", dest="outcomes_file", metavar="FILE", help="CSV of key and outcome: adds rank IC")
     p.add_argument("--outcome-column", metavar="COL", help="the outcome's column in --outcomes")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    p.add_argument("--format", dest="output_format", choices=("table", "json"), default="table")
+    add_run_gap_option(p)
+    add_format_option(p, "table", "json")
     p.set_defaults(func=agreement_command)
 
 
@@ -53,8 +61,11 @@ async def agreement_command(args: argparse.Namespace) -> int:
     from usage_ledger.answers import agreement_report
 
     settings = logged_settings(args, "run_gap_s")
-    database: Database | None = None if args.labels_file else await open_checked(settings)
-    try:
+    # labels from a file need no ledger
+    ledger: contextlib.AbstractAsyncContextManager[Database | None] = (
+        contextlib.nullcontext() if args.labels_file else checked_database(settings)
+    )
+    async with ledger as database:
         result = await agreement_report(
             database,
             args.runs,
@@ -68,9 +79,6 @@ async def agreement_command(args: argparse.Namespace) -> int:
             outcome_column=args.outcome_column,
             run_gap_s=settings.reports.run_gap_s,
         )
-    finally:
-        if database is not None:
-            await database.dispose()
     if args.output_format == "json":
         sys.stdout.buffer.write(msgspec.json.encode(result.report) + b"\n")
         for note in result.notes:

@@ -14,7 +14,14 @@ if TYPE_CHECKING:
     from usage_ledger.imports import Recorded
     from usage_ledger.projections import CostMeans
 
-from usage_ledger.commands.support import add_db_option, async_command, checked_database, logged_settings
+from usage_ledger.commands.support import (
+    add_db_option,
+    add_format_option,
+    add_run_gap_option,
+    async_command,
+    checked_database,
+    logged_settings,
+)
 
 __all__ = ("add_decide_parsers",)
 
@@ -37,7 +44,7 @@ def add_decide_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         metavar="TAG=VALUE",
         help="with --extract: only calls with this tag value",
     )
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    add_run_gap_option(p)
     p.set_defaults(func=labels_import_command)
 
     returns = sub.add_parser("returns", help="realized returns per key as ledger events (rank IC in `ledger decide`)")
@@ -53,8 +60,8 @@ def add_decide_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     p.add_argument("--b", nargs="+", required=True, metavar="RUN", help="group b's runs (the candidate's)")
     p.add_argument("--scale", required=True, metavar="L1,L2,…", help="the ordered labels, lowest first")
     p.add_argument("--as-of", dest="as_of", metavar="YYYY-MM-DD", help="returns as of this date (default: the latest)")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    p.add_argument("--format", dest="output_format", choices=("table", "json"), default="table")
+    add_run_gap_option(p)
+    add_format_option(p, "table", "json")
     p.set_defaults(func=decide_command)
 
 

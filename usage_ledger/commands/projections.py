@@ -8,7 +8,7 @@ import argparse
 from usage_ledger.commands.agreement import add_agreement_parser
 from usage_ledger.commands.compare import compare_command
 from usage_ledger.commands.decide import add_decide_parsers
-from usage_ledger.commands.support import Deferred, add_db_option, handler
+from usage_ledger.commands.support import Deferred, add_db_option, add_format_option, add_run_gap_option, handler
 
 __all__ = ("register",)
 
@@ -22,15 +22,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
     return value
-
-
-def _fmt(parser: argparse.ArgumentParser, *choices: str) -> None:
-    parser.add_argument(
-        "--format",
-        dest="output_format",
-        choices=choices or ("table", "json", "csv"),
-        default=choices[0] if choices else "table",
-    )
 
 
 def _formulas() -> list[str]:
@@ -85,33 +76,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--tz", help="IANA time zone for days and times (else LEDGER_TZ)")
     _formula_option(p, "throughput formula (default: the promoted one)")
     p.add_argument("--weekday-mean", action="store_true", help="daily: mean per weekday instead of per day")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    add_run_gap_option(p)
     _filter_options(p)
     _column_options(p)
-    _fmt(p)
+    add_format_option(p)
     p.set_defaults(func=handler("usage_ledger.commands.reports", "report_command"))
 
     p = sub.add_parser("reconcile", help="runs whose calls and tokens differ from the server's own counters")
     add_db_option(p)
     p.add_argument("--run", help="only this run (shown whatever its result)")
     p.add_argument("--all", action="store_true", help="list every run, also those that reconcile or were not sampled")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    _fmt(p)
+    add_run_gap_option(p)
+    add_format_option(p)
     p.set_defaults(func=handler("usage_ledger.commands.server", "reconcile_command"))
 
     p = sub.add_parser("audit", help="sampling and server config that vary within a run, or between two runs")
     add_db_option(p)
     p.add_argument("run", metavar="RUN")
     p.add_argument("--against", metavar="RUN2", help="also list what differs from this run")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    _fmt(p, "table", "json")
+    add_run_gap_option(p)
+    add_format_option(p, "table", "json")
     p.set_defaults(func=handler("usage_ledger.commands.server", "audit_command"))
 
     p = sub.add_parser("compare", help="runs side by side: throughput, in flight, vllm bench serve latency, server")
     add_db_option(p)
     p.add_argument("runs", nargs="+", metavar="RUN", help="two or more runs; ratios are against the first")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
-    _fmt(p, "table", "json")
+    add_run_gap_option(p)
+    add_format_option(p, "table", "json")
     p.set_defaults(func=compare_command)
 
     add_agreement_parser(sub)  # its many options live beside its work (`commands.agreement`)
@@ -140,15 +131,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.set_defaults(func=handler("usage_ledger.commands.reports", "projections_run_command"))
     status = actions.add_parser("status", help="versions, checkpoints and lag")
     add_db_option(status)
-    _fmt(status)
+    add_format_option(status)
     status.set_defaults(func=handler("usage_ledger.commands.reports", "projections_status_command"))
 
     p = sub.add_parser("recompute", help="show every run under the current and another formula side by side")
     add_db_option(p)
     _formula_option(p, "the formula to compare with the promoted one", required=True)
     p.add_argument("--promote", action="store_true", help="make this formula the default afterwards")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
-    _fmt(p)
+    add_run_gap_option(p)
+    add_format_option(p)
     p.set_defaults(func=handler("usage_ledger.commands.reports", "recompute_command"))
 
     p = sub.add_parser("annotate", help="label a run or a time range (hardware, model, kind, price per hour)")
@@ -168,7 +159,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--currency", metavar="C", help="the price's currency, e.g. USD (with --price-per-hour)")
     p.add_argument("--label", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
+    add_run_gap_option(p)
     p.add_argument("--force", action="store_true", help="label a run that no recorded call carries (yet)")
     p.set_defaults(func=handler("usage_ledger.commands.reports", "annotate_command"))
 
@@ -183,10 +174,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     p = sub.add_parser("export", help="export calls as JSONL, CSV or Parquet")
     add_db_option(p)
-    p.add_argument("--format", dest="output_format", choices=("jsonl", "csv", "parquet"), default="jsonl")
+    add_format_option(p, "jsonl", "csv", "parquet")
     p.add_argument("--run")
     p.add_argument("--output", "-o", metavar="FILE", help="write here (default: stdout; parquet needs a file)")
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    add_run_gap_option(p)
     p.add_argument("--tz", help="IANA time zone for --since/--until without an offset (else LEDGER_TZ)")
     p.add_argument(
         "--since-position",
@@ -215,18 +206,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     call.add_argument("--tz", help="IANA time zone for times (else LEDGER_TZ)")
     _column_options(call)
-    _fmt(call, "text", "json")
+    add_format_option(call, "text", "json")
     call.set_defaults(func=handler("usage_ledger.commands.reports", "show_call_command"))
     run_p = what.add_parser("run", help="a run's report row, its tickers and its calls (paged)")
     add_db_option(run_p)
     run_p.add_argument("run", metavar="R")
     _formula_option(run_p, "throughput formula (default: the promoted one)")
     run_p.add_argument("--tz")
-    run_p.add_argument("--run-gap-s", dest="run_gap_s", type=float)
+    add_run_gap_option(run_p)
     run_p.add_argument("--limit", type=int, default=20, help="calls a page, 1..1000 (default %(default)s)")
     paging = run_p.add_mutually_exclusive_group()
     paging.add_argument("--offset", type=int, default=0, help="calls to skip")
     paging.add_argument("--page", type=int, help="page number (from 1) of --limit calls")
     _column_options(run_p)
-    _fmt(run_p, "table", "json")
+    add_format_option(run_p, "table", "json")
     run_p.set_defaults(func=handler("usage_ledger.commands.reports", "show_run_command"))

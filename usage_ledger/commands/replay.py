@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from usage_ledger.commands.support import add_db_option, checked_database, run_command
+from usage_ledger.commands.support import add_db_option, add_run_gap_option, checked_database, run_command
 
 __all__ = ("register",)
 
@@ -56,7 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         metavar="DIR",
         help="outage spool of the replay's gateway (default: LEDGER_SPOOL_DIR + '-replay')",
     )
-    p.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged runs")
+    add_run_gap_option(p)
     p.set_defaults(func=_replay_command)
 
 

@@ -25,11 +25,12 @@ __all__ = (
     "DEMO_DB_FILE",
     "Deferred",
     "add_db_option",
+    "add_format_option",
+    "add_run_gap_option",
     "async_command",
     "checked_database",
     "handler",
     "logged_settings",
-    "open_checked",
     "run_command",
     "settings_from_args",
 )
@@ -75,6 +76,16 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
 
 
+def add_run_gap_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-gap-s", dest="run_gap_s", type=float, help="idle gap that splits untagged (auto-…) runs")
+
+
+def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:
+    """`--format` (`output_format`): one of `choices`, the first by default (without any: table, json or csv)."""
+    choices = choices or ("table", "json", "csv")
+    parser.add_argument("--format", dest="output_format", choices=choices, default=choices[0])
+
+
 def settings_from_args(args: argparse.Namespace, *names: str) -> Settings:
     """Settings from the environment, overridden by the flags named (None = flag not given)."""
     from usage_ledger.settings import load_settings
@@ -117,8 +128,9 @@ def async_command(
     return run
 
 
-async def open_checked(settings: Settings) -> Database:
-    """The ledger database from settings, refusing (SchemaError) one not migrated to head."""
+@contextlib.asynccontextmanager
+async def checked_database(settings: Settings) -> AsyncIterator[Database]:
+    """The ledger database from settings, refusing (SchemaError) one not migrated to head; disposed on the way out."""
     from usage_ledger.ledger import SchemaError, StorageSettings, open_database, require_head
 
     storage = settings.storage
@@ -129,23 +141,12 @@ async def open_checked(settings: Settings) -> Database:
         pg_idle_in_transaction_timeout_s=storage.pg_idle_in_transaction_timeout_s,
     )
     try:
-        await require_head(database)
-    except SchemaError as exc:
-        await database.dispose()
-        if storage.database_url == StorageSettings().database_url and "no ledger database" in str(exc):
-            raise SchemaError(f"{exc}\n{_default_ledger_hint()}") from exc
-        raise
-    except BaseException:
-        await database.dispose()
-        raise
-    return database
-
-
-@contextlib.asynccontextmanager
-async def checked_database(settings: Settings) -> AsyncIterator[Database]:
-    """`open_checked`'s database, disposed on the way out."""
-    database = await open_checked(settings)
-    try:
+        try:
+            await require_head(database)
+        except SchemaError as exc:
+            if storage.database_url == StorageSettings().database_url and "no ledger database" in str(exc):
+                raise SchemaError(f"{exc}\n{_default_ledger_hint()}") from exc
+            raise
         yield database
     finally:
         await database.dispose()
