@@ -17,7 +17,6 @@ from usage_ledger.commands.support import (
     add_db_option,
     async_command,
     checked_database,
-    run_command,
     settings_from_args,
 )
 
@@ -297,22 +296,8 @@ async def _spool_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redact(args: argparse.Namespace) -> int:
-    by_rule = args.before is not None or args.run is not None
-    if by_rule == (args.blob_hash is not None):
-        print("ledger: error: redact takes a HASH, or --before DATE and/or --run RUN, not both", file=sys.stderr)
-        return 2
-    if by_rule:
-        if args.force:
-            print("ledger: error: --force goes with a HASH, not with --before or --run", file=sys.stderr)
-            return 2
-        from usage_ledger.commands.retention import redact_selected
-
-        return redact_selected(args)
-    if args.include_shared or args.dry_run or args.vacuum:
-        print("ledger: error: --include-shared, --dry-run and --vacuum go with --before or --run", file=sys.stderr)
-        return 2
-
+@async_command
+async def _redact(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         BlobNotFound,
         BlobRedacted,
@@ -325,46 +310,54 @@ def _redact(args: argparse.Namespace) -> int:
         translate_db_error,
     )
 
-    async def main() -> int:
-        settings = settings_from_args(args)
-        # Redaction is for client data: the bodies (`request_blob`, `response_blob`). A call's
-        # `chunk_gaps_blob` holds arrival timings only, so erasing a call's bodies never needs it.
-        digest = args.blob_hash.strip().lower()
-        if not _HEX64.fullmatch(digest):
-            raise ConfigError(
-                f"{args.blob_hash!r} is not a blob hash: expected 64 hex digits "
-                "(copy it from the body lines of `ledger show call ID`)"
-            )
-        if not args.reason.strip():
-            raise ConfigError("--reason must say why the body is erased")
-        async with checked_database(settings) as database:
-            try:
-                try:
-                    async with database.engine.connect() as conn:
-                        redacted_at = await blob_redacted_at(conn, digest)
-                except BlobNotFound:
-                    if not args.force:
-                        raise BlobNotFound(
-                            f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
-                            "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
-                        ) from None
-                    redacted_at = None
-                if redacted_at is not None and not args.force:
-                    print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
-                    return 0
-                await append_events(
-                    database,
-                    [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=blob_stream(digest))],
-                )
-                async with database.engine.begin() as conn:
-                    changed = await redact_blob(conn, digest)
-            except Exception as exc:
-                raise translate_db_error(exc, database) from exc
-        print(
-            f"blob {digest} redacted"
-            if changed
-            else f"blob.redacted appended (--force); blob {digest}: nothing to erase (unknown or already redacted)"
-        )
-        return 0
+    by_rule = args.before is not None or args.run is not None
+    if by_rule == (args.blob_hash is not None):
+        raise ConfigError("redact takes a HASH, or --before DATE and/or --run RUN, not both")
+    if by_rule:
+        if args.force:
+            raise ConfigError("--force goes with a HASH, not with --before or --run")
+        from usage_ledger.commands.retention import redact_selected
 
-    return run_command(main)
+        return await redact_selected(args)
+    if args.include_shared or args.dry_run or args.vacuum:
+        raise ConfigError("--include-shared, --dry-run and --vacuum go with --before or --run")
+    settings = settings_from_args(args)
+    # Redaction is for client data: the bodies (`request_blob`, `response_blob`). A call's
+    # `chunk_gaps_blob` holds arrival timings only, so erasing a call's bodies never needs it.
+    digest = args.blob_hash.strip().lower()
+    if not _HEX64.fullmatch(digest):
+        raise ConfigError(
+            f"{args.blob_hash!r} is not a blob hash: expected 64 hex digits "
+            "(copy it from the body lines of `ledger show call ID`)"
+        )
+    if not args.reason.strip():
+        raise ConfigError("--reason must say why the body is erased")
+    async with checked_database(settings) as database:
+        try:
+            try:
+                async with database.engine.connect() as conn:
+                    redacted_at = await blob_redacted_at(conn, digest)
+            except BlobNotFound:
+                if not args.force:
+                    raise BlobNotFound(
+                        f"no blob {digest} in the ledger: nothing redacted, nothing appended; copy the hash from "
+                        "the body lines of `ledger show call ID`, or pass --force to record the redaction anyway"
+                    ) from None
+                redacted_at = None
+            if redacted_at is not None and not args.force:
+                print(f"blob {digest} was already redacted at {redacted_at.isoformat()}: nothing appended")
+                return 0
+            await append_events(
+                database,
+                [new_event(BlobRedacted(blob_hash=digest, reason=args.reason), stream=blob_stream(digest))],
+            )
+            async with database.engine.begin() as conn:
+                changed = await redact_blob(conn, digest)
+        except Exception as exc:
+            raise translate_db_error(exc, database) from exc
+    print(
+        f"blob {digest} redacted"
+        if changed
+        else f"blob.redacted appended (--force); blob {digest}: nothing to erase (unknown or already redacted)"
+    )
+    return 0

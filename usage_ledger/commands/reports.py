@@ -29,7 +29,7 @@ from usage_ledger.commands.bodies import body_lines
 from usage_ledger.commands.output import print_rows, terminal_width
 from usage_ledger.commands.progress import advance, progress, stage
 from usage_ledger.commands.report_options import filters_from_args, page_line, page_offset, table_options
-from usage_ledger.commands.support import async_command, checked_database, logged_settings, run_command
+from usage_ledger.commands.support import async_command, checked_database, logged_settings
 from usage_ledger.commands.table_notes import print_table_notes
 from usage_ledger.imports import import_file
 from usage_ledger.ledger import (
@@ -299,41 +299,33 @@ async def retag_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def export_command(args: argparse.Namespace) -> int:
+@async_command
+async def export_command(args: argparse.Namespace) -> int:
     if args.clickhouse_schema:
-        try:
-            sys.stdout.write(clickhouse_schema(args.table or DEFAULT_TABLE))
-        except ProjectionError as exc:
-            print(f"ledger: error: {exc}", file=sys.stderr)
-            return 2
+        sys.stdout.write(clickhouse_schema(args.table or DEFAULT_TABLE))
         return 0
     if args.table is not None:
-        print("ledger: error: --table names the table of --clickhouse-schema; add that flag", file=sys.stderr)
-        return 2
-
-    async def main() -> int:
-        settings = logged_settings(args, "tz", "run_gap_s")
-        selected = filters_from_args(args, parse_zone(settings.reports.tz))
-        async with checked_database(settings) as database:
-            done = await export_calls(
-                database,
-                fmt=args.output_format,
-                run=args.run,
-                output=args.output,
-                stdout=sys.stdout.buffer,
-                run_gap_s=settings.reports.run_gap_s,
-                filters=selected,
-                since_position=args.since_position,
-            )
-        where = f" to {args.output}" if args.output else ""
-        print(
-            f"{done.calls} calls written{where}; read model at position {done.position}: "
-            f"the next export of what changed is --since-position {done.position}",
-            file=sys.stderr,
+        raise ConfigError("--table names the table of --clickhouse-schema; add that flag")
+    settings = logged_settings(args, "tz", "run_gap_s")
+    selected = filters_from_args(args, parse_zone(settings.reports.tz))
+    async with checked_database(settings) as database:
+        done = await export_calls(
+            database,
+            fmt=args.output_format,
+            run=args.run,
+            output=args.output,
+            stdout=sys.stdout.buffer,
+            run_gap_s=settings.reports.run_gap_s,
+            filters=selected,
+            since_position=args.since_position,
         )
-        return 0
-
-    return run_command(main)
+    where = f" to {args.output}" if args.output else ""
+    print(
+        f"{done.calls} calls written{where}; read model at position {done.position}: "
+        f"the next export of what changed is --since-position {done.position}",
+        file=sys.stderr,
+    )
+    return 0
 
 
 @async_command

@@ -15,7 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 import msgspec
 
 from usage_ledger.answers import BodySelection, plan_erasure
-from usage_ledger.commands.support import async_command, checked_database, settings_from_args
+from usage_ledger.commands.support import checked_database, settings_from_args
 from usage_ledger.ledger import ERASE_BATCH, ConfigError, Database, erase_bodies, reclaim_space
 
 __all__ = ("Erased", "erase_older", "erase_selected", "parse_before", "redact_selected")
@@ -99,7 +99,6 @@ def parse_before(text: str) -> datetime:
     return moment
 
 
-@async_command
 async def redact_selected(args: argparse.Namespace) -> int:
     """`ledger redact --before DATE | --run RUN --reason R [--include-shared] [--dry-run] [--vacuum]`."""
 
