@@ -314,14 +314,9 @@ def print_rows(
         for i, n in enumerate(names)
     ]
     table = [[cells[n][i] for n in names] for i in range(len(flat))]
-    if wide or columns is not None:  # asked for: natural width, even past the terminal
-        natural = fit_table(specs, table, sys.maxsize)
-        console = _console(max(width, natural.width))
-        _print_title(console, title)
-        console.print(natural.table)
-        return
-    fitted = fit_table(specs, table, width)
-    console = _console(width)
+    asked = wide or columns is not None  # asked for: natural width, even past the terminal (nothing hidden)
+    fitted = fit_table(specs, table, sys.maxsize if asked else width)
+    console = _console(max(width, fitted.width) if asked else width)
     _print_title(console, title)
     console.print(fitted.table)
     hidden = [names[i] for i in range(len(names)) if i not in fitted.shown]
