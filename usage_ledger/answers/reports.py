@@ -217,14 +217,12 @@ async def recompute_report(
     database: Database,
     formula: str,
     *,
-    old_formula: str | None = None,
     run_gap_s: float = 900.0,
     refresh: bool = True,
 ) -> list[RecomputeRow]:
-    """Every run under the current (or `old_formula`) and the `formula` given, side by side."""
+    """Every run under the promoted and the `formula` given, side by side."""
     new = get_formula(formula)
-    version, _, default = await live_versions(database, refresh=refresh)
-    old_name = old_formula or default
+    version, _, old_name = await live_versions(database, refresh=refresh)
     old = get_formula(old_name)
     async with database.engine.connect() as conn:
         runs = await collect_runs(conn, version, run_gap_s=run_gap_s)
