@@ -56,16 +56,12 @@ def present_mean(values: Iterable[float | None]) -> float | None:
     return math.fsum(present) / len(present) if present else None
 
 
-def _unavailable(n: int, why: str) -> Evidence:
-    return Evidence(n=n, ci95=None, reason=why)
-
-
 def pair_evidence(
     pairs: Sequence[tuple[str, str]], labels: Labels, scale: Sequence[str], draw: Draw = resample_indices
 ) -> tuple[Evidence, Evidence]:
     """The intervals of the mean QWK and of the mean agreement rate over `pairs`, resampling their keys."""
     if not pairs:
-        none = _unavailable(0, "one run: no pair of runs to compare")
+        none = Evidence(n=0, ci95=None, reason="one run: no pair of runs to compare")
         return none, none
     keys = sorted(set().union(*(labels[x].keys() & labels[y].keys() for x, y in pairs)))
     # per pair, per key: the two labels, or None when one run did not label the key
@@ -119,7 +115,7 @@ def rank_ic_evidence(
 ) -> Evidence:
     """The interval of the mean over `runs` of Spearman's rho, resampling the keys with a return."""
     if not returns:
-        return _unavailable(0, "no returns")
+        return Evidence(n=0, ci95=None, reason="no returns")
     n, per_run = _rho(runs, labels, scale, returns)
     return bootstrap_evidence(lambda rows: _mean_rho(per_run, rows), n, "tickers", indices=draw(n))
 
