@@ -12,9 +12,9 @@ from usage_ledger.answers.audit import audit_run
 from usage_ledger.answers.bootstrap import Evidence
 from usage_ledger.answers.callviews import calls_page, get_call, iter_calls
 from usage_ledger.answers.clickhouse_sink import DEFAULT_TABLE, clickhouse_schema
-from usage_ledger.answers.compare import compare_runs, metric_values, render_comparison
+from usage_ledger.answers.compare import compare_runs, render_comparison
 from usage_ledger.answers.compare_latency import tpot_s
-from usage_ledger.answers.comparison import Comparison
+from usage_ledger.answers.comparison import Comparison, metric_values
 from usage_ledger.answers.csv_cells import csv_cell
 from usage_ledger.answers.decide import LATENCY_FIGURES, Decision, GroupFigures, decide
 from usage_ledger.answers.decide_answers import RunAnswer, key_answers

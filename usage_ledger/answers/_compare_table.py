@@ -9,12 +9,11 @@ from __future__ import annotations
 import io
 import string
 import textwrap
-from collections.abc import Callable
 
 from rich.console import Console
 from rich.table import Table
 
-from usage_ledger.answers.comparison import Comparison, RunComparison
+from usage_ledger.answers.comparison import Comparison, metric_values
 from usage_ledger.answers.eras import left_out_reason
 
 __all__ = ("comparison_table",)
@@ -120,9 +119,7 @@ def _notes(comparison: Comparison, letters: str) -> list[str]:
     return lines
 
 
-def comparison_table(
-    comparison: Comparison, metric_values: Callable[[RunComparison], dict[str, float | None]], *, width: int = 100
-) -> str:
+def comparison_table(comparison: Comparison, *, width: int = 100) -> str:
     letters = string.ascii_uppercase
     runs = comparison.runs
     values = [metric_values(run) for run in runs]

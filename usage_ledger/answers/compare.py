@@ -14,8 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from usage_ledger.answers._aggregate import collect_runs
 from usage_ledger.answers._compare_table import comparison_table
 from usage_ledger.answers.audit import audit_run
-from usage_ledger.answers.compare_latency import Latency, Sample, latency_ms, tpot_s
-from usage_ledger.answers.comparison import Comparison, Ratio, RunComparison
+from usage_ledger.answers.compare_latency import Sample, latency_ms, tpot_s
+from usage_ledger.answers.comparison import COST_FIGURES, Comparison, Ratio, RunComparison, metric_values
 from usage_ledger.answers.filters import calls_where
 from usage_ledger.answers.reports import runs_report
 from usage_ledger.ledger import (
@@ -183,52 +183,6 @@ async def run_column(database: Database, run: str, run_gap_s: float, *, refresh:
     )
 
 
-def metric_values(run: RunComparison) -> dict[str, float | None]:
-    """The run's numeric figures by dotted name (`ttft_ms.p50`, `throughput_tps.batch_aggregate`, …)."""
-    out: dict[str, float | None] = {
-        "calls": run.calls,
-        "failed_calls": run.failed_calls,
-        "truncated_calls": run.truncated_calls,
-        "tickers": run.tickers,
-        "input_tokens": run.input_tokens,
-        "output_tokens": run.output_tokens,
-        "wall_s": run.wall_s,
-    }
-    out.update({f"throughput_tps.{name}": value for name, value in run.throughput_tps.items()})
-    out["hours_per_100_tickers"] = run.hours_per_100_tickers
-    per_ticker = run.calls_per_ticker
-    for part in ("min", "median", "max"):
-        out[f"calls_per_ticker.{part}"] = getattr(per_ticker, part) if per_ticker is not None else None
-    out["in_flight_mean"] = run.in_flight_mean
-    out["in_flight_max"] = run.in_flight_max
-    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
-        latency: Latency | None = getattr(run, name)
-        for part in ("p50", "p90", "p99", "mean"):
-            out[f"{name}.{part}"] = getattr(latency, part) if latency is not None else None
-    for name in COST_FIGURES:
-        out[f"cost.{name}"] = getattr(run.cost, name) if run.cost is not None else None
-    server = run.server
-    for name in _SERVER_FIGURES:
-        value = getattr(server, name) if server is not None else None
-        out[f"server.{name}"] = None if isinstance(value, bool) else value
-    return out
-
-
-_SERVER_FIGURES = (
-    "spec_decode_acceptance_rate",
-    "spec_decode_mean_acceptance_length",
-    "kv_cache_usage_max",
-    "requests_running_mean",
-    "requests_running_max",
-    "requests_waiting_max",
-    "preemptions",
-    "prefix_cache_hit_rate",
-)
-
-
-COST_FIGURES = ("per_100_tickers", "per_million_output_tokens")
-
-
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value is not None and base else None
 
@@ -283,5 +237,5 @@ def render_comparison(comparison: Comparison, output_format: str, *, width: int 
     if output_format == "json":
         return msgspec.json.encode(comparison).decode()
     if output_format == "table":
-        return comparison_table(comparison, metric_values, width=width)
+        return comparison_table(comparison, width=width)
     raise ProjectionError(f"unknown format {output_format!r}: use table or json")

@@ -1,4 +1,5 @@
-"""What `ledger compare` answers: one column per run and each run's ratios against the first.
+"""What `ledger compare` answers: one column per run and each run's ratios against the first, and a
+column's figures by name (`metric_values`).
 
 Its own module so that `compare` (which fills it) and `_compare_table` (which draws it) both import
 it, and neither imports the other.
@@ -13,7 +14,7 @@ import msgspec
 from usage_ledger.answers.compare_latency import Latency
 from usage_ledger.projections import CallsPerTicker, RunCost, ServerBlock
 
-__all__ = ("Comparison", "Ratio", "RunComparison")
+__all__ = ("COST_FIGURES", "Comparison", "Ratio", "RunComparison", "metric_values")
 
 
 class RunComparison(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,3 +73,47 @@ class Ratio(msgspec.Struct, frozen=True, kw_only=True):
 class Comparison(msgspec.Struct, frozen=True, kw_only=True):
     runs: list[RunComparison]
     ratios: list[Ratio]
+
+
+COST_FIGURES = ("per_100_tickers", "per_million_output_tokens")
+_SERVER_FIGURES = (
+    "spec_decode_acceptance_rate",
+    "spec_decode_mean_acceptance_length",
+    "kv_cache_usage_max",
+    "requests_running_mean",
+    "requests_running_max",
+    "requests_waiting_max",
+    "preemptions",
+    "prefix_cache_hit_rate",
+)
+
+
+def metric_values(run: RunComparison) -> dict[str, float | None]:
+    """The run's numeric figures by dotted name (`ttft_ms.p50`, `throughput_tps.batch_aggregate`, …)."""
+    out: dict[str, float | None] = {
+        "calls": run.calls,
+        "failed_calls": run.failed_calls,
+        "truncated_calls": run.truncated_calls,
+        "tickers": run.tickers,
+        "input_tokens": run.input_tokens,
+        "output_tokens": run.output_tokens,
+        "wall_s": run.wall_s,
+    }
+    out.update({f"throughput_tps.{name}": value for name, value in run.throughput_tps.items()})
+    out["hours_per_100_tickers"] = run.hours_per_100_tickers
+    per_ticker = run.calls_per_ticker
+    for part in ("min", "median", "max"):
+        out[f"calls_per_ticker.{part}"] = getattr(per_ticker, part) if per_ticker is not None else None
+    out["in_flight_mean"] = run.in_flight_mean
+    out["in_flight_max"] = run.in_flight_max
+    for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        latency: Latency | None = getattr(run, name)
+        for part in ("p50", "p90", "p99", "mean"):
+            out[f"{name}.{part}"] = getattr(latency, part) if latency is not None else None
+    for name in COST_FIGURES:
+        out[f"cost.{name}"] = getattr(run.cost, name) if run.cost is not None else None
+    server = run.server
+    for name in _SERVER_FIGURES:
+        value = getattr(server, name) if server is not None else None
+        out[f"server.{name}"] = None if isinstance(value, bool) else value
+    return out

@@ -13,7 +13,8 @@ import msgspec
 from usage_ledger.answers.agreement import parse_scale
 from usage_ledger.answers.agreement_stats import check_scale, quadratic_weighted_kappa, spearman
 from usage_ledger.answers.bootstrap import Evidence
-from usage_ledger.answers.compare import RunComparison, metric_values, run_column
+from usage_ledger.answers.compare import run_column
+from usage_ledger.answers.comparison import RunComparison, metric_values
 from usage_ledger.answers.decide_evidence import (
     ICSeries,
     ic_series,
