@@ -10,6 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from usage_ledger.commands.support import add_db_option
+
 if TYPE_CHECKING:
     from typing import TypeAlias
 
@@ -43,7 +45,7 @@ def register(
     parser.add_argument(
         "--durability", choices=("strict", "async"), help="strict (default): record before the last bytes"
     )
-    parser.add_argument("--db", dest="database_url", metavar="URL", help="database URL (else LEDGER_DATABASE_URL)")
+    add_db_option(parser)
     parser.add_argument(
         "--state-dir",
         dest="state_dir",
