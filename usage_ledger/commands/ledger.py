@@ -17,6 +17,7 @@ from usage_ledger.commands.support import (
     add_db_option,
     async_command,
     checked_database,
+    database_errors,
     settings_from_args,
 )
 
@@ -121,10 +122,8 @@ async def _verify(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         CLOCK_SKEW,
         ConfigError,
-        LedgerError,
         load_verifier_key,
         read_checkpoint_notes,
-        translate_db_error,
         verify_ledger,
     )
     from usage_ledger.projections import verify_read_models
@@ -139,7 +138,7 @@ async def _verify(args: argparse.Namespace) -> int:
     verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
     notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
     async with checked_database(settings) as database:
-        try:
+        with database_errors(database):
             report = await verify_ledger(
                 database,
                 expect_head=anchor,
@@ -150,10 +149,6 @@ async def _verify(args: argparse.Namespace) -> int:
             )
             # a fold of a broken chain says nothing: the read models are checked on an intact one only
             models = await verify_read_models(database) if args.read_models and report.chain_ok else None
-        except LedgerError:
-            raise
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
     if args.format == "json":
         out = msgspec.to_builtins(report)
         if args.read_models:
@@ -221,29 +216,17 @@ async def _keygen(args: argparse.Namespace) -> int:
 
 @async_command
 async def _checkpoint(args: argparse.Namespace) -> int:
-    from usage_ledger.ledger import (
-        LedgerError,
-        chain_head,
-        load_signing_key,
-        sign_checkpoint,
-        snapshot,
-        translate_db_error,
-        write_checkpoint_file,
-    )
+    from usage_ledger.ledger import chain_head, load_signing_key, sign_checkpoint, snapshot, write_checkpoint_file
 
     settings = settings_from_args(args, "checkpoint_origin")
     key = load_signing_key(Path(args.key))
     async with checked_database(settings) as database:
-        try:
+        with database_errors(database):
             conn = await snapshot(database)
             try:
                 report, checkpoint = await chain_head(conn, settings.storage.checkpoint_origin)
             finally:
                 await conn.close()
-        except LedgerError:
-            raise
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
     if checkpoint is None:
         print(f"chain BROKEN at position {report.first_bad_position}: {report.problem}; nothing signed")
         return 1
@@ -307,7 +290,6 @@ async def _redact(args: argparse.Namespace) -> int:
         blob_stream,
         new_event,
         redact_blob,
-        translate_db_error,
     )
 
     by_rule = args.before is not None or args.run is not None
@@ -333,7 +315,7 @@ async def _redact(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         raise ConfigError("--reason must say why the body is erased")
     async with checked_database(settings) as database:
-        try:
+        with database_errors(database):
             try:
                 async with database.engine.connect() as conn:
                     redacted_at = await blob_redacted_at(conn, digest)
@@ -353,8 +335,6 @@ async def _redact(args: argparse.Namespace) -> int:
             )
             async with database.engine.begin() as conn:
                 changed = await redact_blob(conn, digest)
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
     print(
         f"blob {digest} redacted"
         if changed
