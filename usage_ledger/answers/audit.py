@@ -122,30 +122,22 @@ def _changes(samples: Sequence[ServerSampled], start: datetime, end: datetime) -
 
 
 def _differences(run: str, mine: _RunFacts, other_run: str, other: _RunFacts) -> list[Finding]:
-    found: list[Finding] = []
+    details: list[str] = []
     for name in sorted({*mine.values, *other.values}):
         a = sorted(mine.values.get(name, Counter()))
         b = sorted(other.values.get(name, Counter()))
         if a != b:
-            detail = f"{name}: {run} {_listed(a)} vs {other_run} {_listed(b)}"
-            found.append(Finding(kind="differs_from_other_run", detail=detail))
+            details.append(f"{name}: {run} {_listed(a)} vs {other_run} {_listed(b)}")
     if mine.config is not None and other.config is not None:
         for key in sorted({*mine.config, *other.config}):
             if mine.config.get(key) != other.config.get(key):
-                found.append(
-                    Finding(
-                        kind="differs_from_other_run",
-                        detail=f"server {key}: {run} {mine.config.get(key)} vs {other_run} {other.config.get(key)}",
-                    )
-                )
+                details.append(f"server {key}: {run} {mine.config.get(key)} vs {other_run} {other.config.get(key)}")
     elif (mine.config is None) != (other.config is None):
-        unsampled = run if mine.config is None else other_run
-        found.append(Finding(kind="differs_from_other_run", detail=f"server config: {unsampled} was not sampled"))
+        details.append(f"server config: {run if mine.config is None else other_run} was not sampled")
     if mine.fingerprints and other.fingerprints and set(mine.fingerprints) != set(other.fingerprints):
         mine_text, other_text = _listed(sorted(mine.fingerprints)), _listed(sorted(other.fingerprints))
-        detail = f"system_fingerprint: {run} {mine_text} vs {other_run} {other_text}"
-        found.append(Finding(kind="differs_from_other_run", detail=detail))
-    return found
+        details.append(f"system_fingerprint: {run} {mine_text} vs {other_run} {other_text}")
+    return [Finding(kind="differs_from_other_run", detail=detail) for detail in details]
 
 
 async def audit_run(
