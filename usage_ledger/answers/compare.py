@@ -200,18 +200,17 @@ def _ratios(column: RunComparison, first: RunComparison, base: dict[str, float |
 
 
 async def compare_runs(
-    database: Database, runs: Sequence[str], *, run_gap_s: float | None = None, refresh: bool = True
+    database: Database, runs: Sequence[str], *, run_gap_s: float = 900.0, refresh: bool = True
 ) -> Comparison:
     """Each run's column, the ratios of every run after the first against the first, and what audit finds.
 
     `refresh`: catch the projections up first (once); False under `ledger serve`, whose follower does."""
     if len(runs) < 2:
         raise ProjectionError("compare needs at least two runs")
-    gap = 900.0 if run_gap_s is None else run_gap_s
     columns: list[RunComparison] = []
     for i, run in enumerate(runs):
-        column = await run_column(database, run, gap, refresh=refresh and i == 0)
-        audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=gap, refresh=False)
+        column = await run_column(database, run, run_gap_s, refresh=refresh and i == 0)
+        audit = await audit_run(database, run, against=runs[0] if i else None, run_gap_s=run_gap_s, refresh=False)
         columns.append(
             msgspec.structs.replace(
                 column,
