@@ -183,14 +183,10 @@ class Spool:
         fd = self._require_fd()
         payload = _encoder.encode(record)
         body = _KEYED + hmac.digest(self._require_key(), payload, hashlib.sha256) + payload
-        data = memoryview(_HEADER.pack(len(body), zlib.crc32(body)) + body)
+        data = _HEADER.pack(len(body), zlib.crc32(body)) + body
         start = os.fstat(fd).st_size  # O_APPEND and one owner: the record lands here
         try:
-            while data:
-                written = os.write(fd, data)
-                if written <= 0:  # no progress: treat like the ENOSPC a retry would raise
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                data = data[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         except OSError as exc:
             try:
@@ -211,15 +207,14 @@ class Spool:
         events, written as any record and cut off again (a crash in between leaves a record that adds nothing)."""
         start = os.fstat(self._require_fd()).st_size
         self.write(SpoolRecord(events=[]))
-        self.cut_torn_tail(start)
+        self._cut_back(start)
 
     def clear(self) -> None:
         """Empty the spool after its records were committed to the database."""
-        fd = self._require_fd()
-        os.ftruncate(fd, 0)
-        os.fsync(fd)
+        self._cut_back(0)
 
-    def cut_torn_tail(self, offset: int) -> None:
+    def _cut_back(self, offset: int) -> None:
+        """Cut the file back to its first `offset` bytes, durably."""
         fd = self._require_fd()
         os.ftruncate(fd, offset)
         os.fsync(fd)
@@ -256,7 +251,7 @@ class Spool:
             self._retired.append(fd)  # still locked: a process that opened the old file cannot take over
             self._fd = new_fd
         elif scan.torn_tail_at is not None:
-            self.cut_torn_tail(scan.torn_tail_at)
+            self._cut_back(scan.torn_tail_at)
         return scan
 
     # -- reading -----------------------------------------------------------------------------
@@ -282,7 +277,7 @@ def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
-        if written <= 0:
+        if written <= 0:  # no progress: treat like the ENOSPC a retry would raise
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view = view[written:]
 
