@@ -59,7 +59,6 @@ async def replay_spool(
     """
     if quarantine:
         scan = spool.recover(accept_unkeyed=accept_unkeyed)
-        report_damage(spool, scan)
     else:
         scan = spool.scan(accept_unkeyed=accept_unkeyed)
         if scan.damaged:
@@ -67,10 +66,7 @@ async def replay_spool(
             raise SpoolCorrupt(
                 f"{spool.path}: record at byte {first.offset} {first.reason}; the spool needs inspection"
             )
-        if scan.torn_tail_at is not None:
-            log.warning(
-                "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
-            )
+    report_damage(spool, scan)
     if scan.unkeyed:
         log.warning(
             "spool_unkeyed_records_replayed",
@@ -94,8 +90,8 @@ async def replay_spool(
 
 
 def report_damage(spool: Spool, scan: SpoolScan) -> None:
-    """Log (warning) what `Spool.recover` cut: a torn tail, and each quarantined region (a record from
-    another ledger, forged or unkeyed among them)."""
+    """Log (warning) what a scan leaves out: a torn tail, and each region `Spool.recover` quarantined (a record
+    from another ledger, forged or unkeyed among them)."""
     if scan.torn_tail_at is not None:
         log.warning(
             "spool_torn_tail_dropped", path=str(spool.path), offset=scan.torn_tail_at, bytes=scan.torn_tail_bytes
@@ -376,17 +372,11 @@ class EventWriter:
                         future.set_result(outcome)
 
     def _prepare(self, bodies: list[Mapping[str, bytes]]) -> list[PreparedBlob]:
-        prepared: list[PreparedBlob] = []
-        seen: set[str] = set()
+        unique: dict[str, bytes] = {}
         for mapping in bodies:
             for digest, data in mapping.items():
-                if digest in seen:
-                    continue
-                seen.add(digest)
-                blob = self._compressor.prepare(data, digest)
-                if blob is not None:
-                    prepared.append(blob)
-        return prepared
+                unique.setdefault(digest, data)
+        return [blob for digest, data in unique.items() if (blob := self._compressor.prepare(data, digest)) is not None]
 
     def _committed(self, result: AppendResult, blobs: list[PreparedBlob]) -> None:
         self._compressor.remember(blob.hash for blob in blobs)
