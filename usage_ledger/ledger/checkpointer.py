@@ -33,6 +33,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.durable import fsync_dir
 from usage_ledger.ledger.errors import ConfigError
 from usage_ledger.ledger.events import CallFailed, CallFinished, CallStarted, decode_event
+from usage_ledger.ledger.read import STORED_COLUMNS
 from usage_ledger.ledger.schema import events
 from usage_ledger.ledger.settings import StorageSettings
 from usage_ledger.ledger.verify_ledger import ledger_origin
@@ -177,11 +178,7 @@ class Checkpointer:
                 with contextlib.suppress(ConfigError):  # still empty: nothing to sign yet
                     self._origin = await ledger_origin(conn)
             while True:
-                columns = (
-                    (events.c.position, events.c.recorded_at, events.c.hash)
-                    if start
-                    else tuple(events.c[name] for name in _ROW)
-                )
+                columns = (events.c.position, events.c.recorded_at, events.c.hash) if start else STORED_COLUMNS
                 query = select(*columns).where(events.c.position > self._tracker.size).order_by(events.c.position)
                 rows = (await conn.execute(query.limit(_PAGE))).all()
                 # hashing and decoding off the event loop, which relays the calls
@@ -260,6 +257,3 @@ class Checkpointer:
         self._written = checkpoint.size
         self._last_write = time.monotonic()
         log.info("checkpoint_written", path=str(path), size=checkpoint.size, reason=reason, runs=ended)
-
-
-_ROW = ("position", "event_id", "type", "stream", "occurred_at", "recorded_at", "payload", "hash")

@@ -6,7 +6,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import Any
 
 import msgspec
 from sqlalchemy import func, select
@@ -27,7 +26,9 @@ __all__ = (
 )
 
 
-class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
+class StoredEvent(msgspec.Struct, frozen=True):
+    """A stored row; its fields are the ledger's columns in order (`STORED_COLUMNS`), so a row builds one."""
+
     position: int
     event_id: uuid.UUID
     type: str
@@ -50,26 +51,13 @@ async def read_events(conn: AsyncConnection, after: int = 0, limit: int = 1000) 
     result = await conn.execute(
         select(*STORED_COLUMNS).where(events.c.position > after).order_by(events.c.position).limit(limit)
     )
-    return [_stored(r) for r in result]
+    return [StoredEvent(*row) for row in result]
 
 
 async def read_stream(conn: AsyncConnection, stream: str) -> list[StoredEvent]:
     """Every event of `stream` (a call's: `call_stream(call_id)`), in position order."""
     result = await conn.execute(select(*STORED_COLUMNS).where(events.c.stream == stream).order_by(events.c.position))
-    return [_stored(r) for r in result]
-
-
-def _stored(r: Any) -> StoredEvent:
-    return StoredEvent(
-        position=r[0],
-        event_id=r[1],
-        type=r[2],
-        stream=r[3],
-        occurred_at=r[4],
-        recorded_at=r[5],
-        payload=r[6],
-        hash=r[7],
-    )
+    return [StoredEvent(*row) for row in result]
 
 
 async def head_position(conn: AsyncConnection) -> int:
