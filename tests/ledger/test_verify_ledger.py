@@ -213,7 +213,7 @@ async def test_blobs_are_merged_page_by_page(database: Database) -> None:
 async def _audit_all(database: Database, references: BlobReferences, **sizes: int) -> BlobReport:
     conn = await snapshot(database)
     try:
-        assert (await verify_chain_on(conn, observer=references)).ok
+        assert (await verify_chain_on(conn, observers=(references,))).ok
         return await audit_blobs(conn, references, timedelta(seconds=120), **sizes)
     finally:
         await conn.close()

@@ -7,6 +7,7 @@ covers".
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -53,17 +54,11 @@ class ChainObserver(Protocol):
     def row(self, position: int, event_id: uuid.UUID, stored_hash: str, recorded_at: datetime, body: Event) -> None: ...
 
 
-async def verify_chain(
-    database: Database,
-    page_size: int = 10_000,
-    expect_head: tuple[int, str] | None = None,
-    *,
-    clock_skew: timedelta = CLOCK_SKEW,
-) -> ChainReport:
+async def verify_chain(database: Database, expect_head: tuple[int, str] | None = None) -> ChainReport:
     """Verify the whole chain in one read transaction (a consistent snapshot)."""
     conn = await snapshot(database)
     try:
-        return await verify_chain_on(conn, page_size, expect_head, clock_skew=clock_skew)
+        return await verify_chain_on(conn, expect_head=expect_head)
     finally:
         await conn.close()
 
@@ -80,7 +75,7 @@ async def verify_chain_on(
     expect_head: tuple[int, str] | None = None,
     *,
     clock_skew: timedelta = CLOCK_SKEW,
-    observer: ChainObserver | None = None,
+    observers: Sequence[ChainObserver] = (),
 ) -> ChainReport:
     """Verify the chain as `conn` sees it, and that the head row names its last row (`conn` must see one
     snapshot: `snapshot`; tests verify inside a rolled-back transaction)."""
@@ -113,8 +108,9 @@ async def verify_chain_on(
                         problem = clocks.problem(position, type_, occurred_at, recorded_at)
             if problem is not None:
                 return _broken(checked, expected_position - 1, previous, bad, problem)
-            if observer is not None and body is not None:
-                observer.row(position, event_id, stored_hash, recorded_at, body)
+            if body is not None:
+                for observer in observers:
+                    observer.row(position, event_id, stored_hash, recorded_at, body)
             previous = stored_hash
             expected_position += 1
             checked += 1

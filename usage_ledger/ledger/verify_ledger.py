@@ -84,7 +84,7 @@ async def verify_ledger(
         conn = await snapshot(database)
         try:
             chain = await verify_chain_on(
-                conn, expect_head=expect_head, clock_skew=clock_skew, observer=_Both(references, capture)
+                conn, expect_head=expect_head, clock_skew=clock_skew, observers=(references, capture)
             )
             blob_report = await audit_blobs(conn, references, clock_skew) if chain.ok else None
         finally:
@@ -95,12 +95,7 @@ async def verify_ledger(
     results.extend(_check(source, cp, chain, capture, ledger_id) for source, cp in opened)
     ok = chain.ok and blob_report is not None and blob_report.ok and all(r.ok for r in results)
     return LedgerReport(
-        ok=ok,
-        checked=chain.checked,
-        head_position=chain.head_position,
-        head_hash=chain.head_hash,
-        first_bad_position=chain.first_bad_position,
-        problem=chain.problem,
+        **(msgspec.structs.asdict(chain) | {"ok": ok}),
         chain_ok=chain.ok,
         blobs=blob_report,
         checkpoints=results,
@@ -113,7 +108,7 @@ async def chain_head(
 ) -> tuple[ChainReport, Checkpoint | None]:
     """Verify the chain and, when intact, the checkpoint of its head (unsigned) for `ledger checkpoint`."""
     tracker = _HeadCapture(set())
-    report = await verify_chain_on(conn, clock_skew=clock_skew, observer=tracker)
+    report = await verify_chain_on(conn, clock_skew=clock_skew, observers=(tracker,))
     if not report.ok:
         return report, None
     name = origin or derived_origin(tracker.first_id)
@@ -144,16 +139,6 @@ class _HeadCapture:
         self.tracker.add(position, stored_hash, recorded_at)
         if position in self.sizes:
             self.at[position] = self.tracker.checkpoint("")
-
-
-class _Both:
-    def __init__(self, references: BlobReferences, capture: _HeadCapture) -> None:
-        self.references = references
-        self.capture = capture
-
-    def row(self, position: int, event_id: uuid.UUID, stored_hash: str, recorded_at: datetime, body: Event) -> None:
-        self.references.row(position, event_id, stored_hash, recorded_at, body)
-        self.capture.row(position, event_id, stored_hash, recorded_at, body)
 
 
 def _check(
