@@ -9,7 +9,7 @@ from datetime import datetime
 
 import msgspec
 import zstandard
-from sqlalchemy import select, update
+from sqlalchemy import Update, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from usage_ledger.ledger.errors import BlobNotFound
@@ -24,6 +24,7 @@ __all__ = (
     "blob_hash",
     "blob_redacted_at",
     "blob_stream",
+    "erase_contents",
     "read_blob",
     "redact_blob",
 )
@@ -59,12 +60,9 @@ class BlobCompressor:
         if digest in self._known:
             self._known.move_to_end(digest)
             return None
-        if len(data) < _MIN_COMPRESS:
-            return PreparedBlob(digest, len(data), "raw", data)
-        packed = self._compressor.compress(data)
-        if len(packed) >= len(data):
-            return PreparedBlob(digest, len(data), "raw", data)
-        return PreparedBlob(digest, len(data), "zstd", packed)
+        if len(data) >= _MIN_COMPRESS and len(packed := self._compressor.compress(data)) < len(data):
+            return PreparedBlob(digest, len(data), "zstd", packed)
+        return PreparedBlob(digest, len(data), "raw", data)
 
     def remember(self, digests: Iterable[str]) -> None:
         for digest in digests:
@@ -105,14 +103,18 @@ async def blob_redacted_at(conn: AsyncConnection, digest: str) -> datetime | Non
     return redacted_at
 
 
-async def redact_blob(conn: AsyncConnection, digest: str) -> bool:
-    """Erase a body's content (the only change the blob triggers allow). False if unknown/already."""
-    result = await conn.execute(
+def erase_contents(digests: Iterable[str]) -> Update:
+    """The UPDATE erasing the content of those of `digests` not erased yet (the only change the blob triggers allow)."""
+    return (
         update(blobs)
-        .where(blobs.c.hash == digest, blobs.c.redacted_at.is_(None))
+        .where(blobs.c.hash.in_(digests), blobs.c.redacted_at.is_(None))
         .values(content=None, stored_size=0, redacted_at=utc_now())
     )
-    return bool(result.rowcount)
+
+
+async def redact_blob(conn: AsyncConnection, digest: str) -> bool:
+    """Erase a body's content. False if unknown/already."""
+    return bool((await conn.execute(erase_contents([digest]))).rowcount)
 
 
 def blob_stream(digest: str) -> str:

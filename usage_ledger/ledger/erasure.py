@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from usage_ledger.ledger.append import append_events, translate_db_error
-from usage_ledger.ledger.blobs import blob_erasures, blob_stream
+from usage_ledger.ledger.blobs import blob_erasures, blob_stream, erase_contents
 from usage_ledger.ledger.db import Database
-from usage_ledger.ledger.events import BlobRedacted, new_event, utc_now
+from usage_ledger.ledger.events import BlobRedacted, new_event
 from usage_ledger.ledger.schema import blobs
 
 __all__ = ("ERASE_BATCH", "ErasedBatch", "erase_bodies", "reclaim_space")
@@ -59,12 +59,7 @@ async def erase_bodies(database: Database, digests: Sequence[str], reason: str) 
             conn = await database.writer()
             try:
                 async with conn.begin():
-                    result = await conn.execute(
-                        update(blobs)
-                        .where(blobs.c.hash.in_(sorted(present)), blobs.c.redacted_at.is_(None))
-                        .values(content=None, stored_size=0, redacted_at=utc_now())
-                        .returning(blobs.c.hash)
-                    )
+                    result = await conn.execute(erase_contents(sorted(present)).returning(blobs.c.hash))
                     erased = list(result.scalars())
             finally:
                 await conn.close()
