@@ -49,28 +49,27 @@ class ThreadConnection:
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the thread. Cancelling the caller does not stop the work, queued or started:
         an append the caller gave up on may still commit, as one already running always could."""
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name} is closed")
-        return await _ask(self._jobs, fn, args)
+        return await _ask(self._open_jobs(), fn, args)
 
     def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """`fn(*args)` on the thread, from any thread (no event loop needed)."""
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name} is closed")
         future: Future[T] = Future()
-        self._jobs.put((fn, args, None, future))
+        self._open_jobs().put((fn, args, None, future))
         return future
 
     def lend(self, finish: Callable[[], object]) -> Loan:
         """The thread for one caller alone, from when the jobs queued before it are done until `Loan.end`,
         which runs `finish` there last (whatever the loan's steps did or failed to do)."""
-        if self._closed:
-            raise RuntimeError(f"{self._thread.name} is closed")
         loan = Loan(finish)
-        self._jobs.put((loan.serve, (), None, Future()))
+        self._open_jobs().put((loan.serve, (), None, Future()))
         return loan
 
-    def _stop(self) -> None:
+    def _open_jobs(self) -> _Jobs:
+        if self._closed:
+            raise RuntimeError(f"{self._thread.name} is closed")
+        return self._jobs
+
+    def close(self) -> None:
         """Close the connection on its thread, then end the thread."""
         if self._closed:
             return

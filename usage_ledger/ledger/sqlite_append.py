@@ -89,9 +89,6 @@ class _Checkpointer(ThreadConnection):
             self._queued = True
         self._submit(self._checkpoint)
 
-    def close(self) -> None:
-        self._stop()
-
     def _checkpoint(self) -> None:
         with self._lock:
             self._queued = False
@@ -163,7 +160,7 @@ class SqliteAppender(ThreadConnection):
         return SqliteStream(self, loan)
 
     def close(self) -> None:
-        self._stop()
+        super().close()
         if self._checkpointer is not None:
             self._checkpointer.close()
 
