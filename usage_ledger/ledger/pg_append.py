@@ -191,11 +191,9 @@ class PostgresAppender:
         async def work() -> tuple[int, int, int]:
             conn = await self._connection()
             if blobs:
-                await self._write_blobs(conn, self._begin, blobs, recorded_at)
+                await self._write_blobs(conn, blobs, recorded_at)
             return await self._optimistic(
-                lambda check_existing: self._committed(
-                    conn, self._begin, batch, recorded_at, check_existing=check_existing
-                )
+                lambda check_existing: self._committed(conn, batch, recorded_at, check_existing)
             )
 
         return await self._guarded(work())
@@ -210,9 +208,15 @@ class PostgresAppender:
         await self._guarded(work())
 
     async def _stream_add(self, batch: Sequence[NewEvent], recorded_at: datetime) -> tuple[int, int, int]:
+        """The batch chained onto the head in a savepoint of the stream's transaction."""
         self._open_stream()
         conn = self._conn
-        return await self._guarded(self._chain(conn, batch, recorded_at, conn.transaction))
+
+        async def attempt(check_existing: bool) -> tuple[int, int, int]:
+            async with conn.transaction():
+                return await self._insert_events(conn, batch, recorded_at, check_existing=check_existing)
+
+        return await self._guarded(self._optimistic(attempt))
 
     async def _stream_commit(self) -> None:
         transaction, self._stream = self._open_stream(), None
@@ -222,17 +226,6 @@ class PostgresAppender:
         if self._stream is None:
             raise LedgerError(f"append to {self._safe_url} failed: the stream's transaction has ended")
         return self._stream
-
-    async def _chain(
-        self, conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, scope: Callable[[], Any]
-    ) -> tuple[int, int, int]:
-        """The batch chained onto the head inside `scope()` (a stream's savepoint)."""
-
-        async def attempt(check_existing: bool) -> tuple[int, int, int]:
-            async with scope():
-                return await self._insert_events(conn, batch, recorded_at, check_existing=check_existing)
-
-        return await self._optimistic(attempt)
 
     async def _optimistic(self, attempt: Callable[[bool], Awaitable[T]]) -> T:
         """`attempt(False)`: insert as if no event id were stored yet (the unique index checks each one anyway).
@@ -245,19 +238,16 @@ class PostgresAppender:
                 raise LedgerError(_STALE_HEAD.format(url=self._safe_url)) from exc
             return await attempt(True)
 
-    @staticmethod
     async def _committed(
-        conn: Any, begin: str, batch: Sequence[NewEvent], recorded_at: datetime, *, check_existing: bool
+        self, conn: Any, batch: Sequence[NewEvent], recorded_at: datetime, check_existing: bool
     ) -> tuple[int, int, int]:
         """The batch chained onto the head in a transaction of its own, whose COMMIT goes with the INSERT."""
         # READ COMMITTED whatever the server's default: a `FOR UPDATE` that waited then reads the head the
         # holder's commit left (under REPEATABLE READ or SERIALIZABLE it would fail instead). Its COMMIT does
         # not wait for the WAL flush: `_COMMIT`'s second transaction does, with the head released.
-        await conn.execute(begin)
+        await conn.execute(self._begin)
         try:
-            return await PostgresAppender._insert_events(
-                conn, batch, recorded_at, check_existing=check_existing, commit=True
-            )
+            return await self._insert_events(conn, batch, recorded_at, check_existing=check_existing, commit=True)
         except BaseException:
             with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
                 await conn.execute("ROLLBACK")
@@ -293,10 +283,10 @@ class PostgresAppender:
         if conn is not None:
             conn.terminate()  # no goodbye to a server that may be gone
 
-    @staticmethod
-    async def _write_blobs(conn: Any, begin: str, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
+    async def _write_blobs(self, conn: Any, blobs: Sequence[PreparedBlob], recorded_at: datetime) -> None:
         unique = list({blob.hash: blob for blob in blobs}.values())
-        await conn.execute(begin)  # a body row another appender inserted, uncommitted, is waited for as the head is
+        # a body row another appender inserted, uncommitted, is waited for as the head is
+        await conn.execute(self._begin)
         try:
             await conn.execute(
                 _INSERT_BLOBS,
