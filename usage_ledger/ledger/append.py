@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import msgspec
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
@@ -25,7 +25,7 @@ from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError, first_line
 from usage_ledger.ledger.events import NewEvent, utc_now
 
-__all__ = ("AppendResult", "AppendStream", "append_events", "appending", "translate_db_error")
+__all__ = ("AppendResult", "AppendStream", "append_events", "appending", "as_ledger_errors", "translate_db_error")
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -38,10 +38,8 @@ async def append_events(
     database: Database, batch: Sequence[NewEvent], blobs: Sequence[PreparedBlob] = ()
 ) -> AppendResult:
     """Append `batch` (and the bodies it references) in one transaction."""
-    try:
+    with as_ledger_errors(database):
         appended, duplicates, last = await database.appender.append(batch, blobs, utc_now())
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
     return AppendResult(appended=appended, duplicates=duplicates, last_position=last)
 
 
@@ -85,19 +83,23 @@ async def appending(database: Database) -> AsyncIterator[AppendStream]:
     """One transaction for the batches `add`ed inside the block: committed when the block ends, rolled back
     when it raises (or the process dies first). The write lock (SQLite) or the chain's head (PostgreSQL) is
     held from the first batch (SQLite: from the start) to the commit; other appends wait for it."""
-    try:
+    with as_ledger_errors(database):
         backend = await database.appender.stream()
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
     try:
-        stream = AppendStream(backend, database)
-        yield stream
-        try:
+        yield AppendStream(backend, database)
+        with as_ledger_errors(database):
             await backend.commit()
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
     finally:
         backend.close()
+
+
+@contextlib.contextmanager
+def as_ledger_errors(database: Database) -> Iterator[None]:
+    """Failures raised inside, as `translate_db_error` maps them."""
+    try:
+        yield
+    except Exception as exc:
+        raise translate_db_error(exc, database) from exc
 
 
 def translate_db_error(exc: BaseException, database: Database) -> LedgerError:

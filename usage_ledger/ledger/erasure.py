@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import msgspec
 from sqlalchemy import select
 
-from usage_ledger.ledger.append import append_events, translate_db_error
+from usage_ledger.ledger.append import append_events, as_ledger_errors
 from usage_ledger.ledger.blobs import blob_erasures, blob_stream, erase_contents
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.events import BlobRedacted, new_event
@@ -40,22 +40,20 @@ async def erase_bodies(database: Database, digests: Sequence[str], reason: str) 
     if not reason.strip():
         raise ValueError("an erasure needs a reason")
     wanted = sorted(set(digests))
-    try:
+    with as_ledger_errors(database):
         async with database.engine.connect() as conn:
             rows = await conn.execute(
                 select(blobs.c.hash, blobs.c.stored_size).where(blobs.c.hash.in_(wanted), blobs.c.redacted_at.is_(None))
             )
             present = {digest: int(size) for digest, size in rows}
             recorded = await blob_erasures(conn, present)
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
     missing = [digest for digest in sorted(present) if digest not in recorded]
     if missing:
         batch = [new_event(BlobRedacted(blob_hash=d, reason=reason), stream=blob_stream(d)) for d in missing]
         await append_events(database, batch)
     erased: list[str] = []
     if present:
-        try:
+        with as_ledger_errors(database):
             conn = await database.writer()
             try:
                 async with conn.begin():
@@ -63,8 +61,6 @@ async def erase_bodies(database: Database, digests: Sequence[str], reason: str) 
                     erased = list(result.scalars())
             finally:
                 await conn.close()
-        except Exception as exc:
-            raise translate_db_error(exc, database) from exc
     return ErasedBatch(
         erased=len(erased),
         stored_bytes=sum(present[digest] for digest in erased),
@@ -77,7 +73,5 @@ async def reclaim_space(database: Database) -> None:
     """Give erased bodies' space back: SQLite rewrites the file (`VACUUM`: every other writer waits, and it
     needs free disk of the database's size); PostgreSQL's `VACUUM` makes the blob table's space reusable
     (returning it to the operating system takes `VACUUM FULL`, which locks the table: docs/operations.md)."""
-    try:
+    with as_ledger_errors(database):
         await database.backend_ops.reclaim_blob_space(database.engine)
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc

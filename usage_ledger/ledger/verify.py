@@ -15,7 +15,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from usage_ledger.ledger.append import translate_db_error
+from usage_ledger.ledger.append import as_ledger_errors
 from usage_ledger.ledger.chain import GENESIS_HASH, chain_hash
 from usage_ledger.ledger.db import Database
 from usage_ledger.ledger.errors import LedgerError
@@ -159,18 +159,15 @@ async def head_problem(conn: AsyncConnection, last_position: int, last_hash: str
 async def require_head_in_step(database: Database) -> None:
     """Raise `LedgerError` unless the head row names the last stored event (a gateway checks this at start:
     appending onto a head out of step would write a gap or a fork into the chain). Reads two rows only."""
-    try:
+    with as_ledger_errors(database):
         conn = await snapshot(database)
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
     try:
-        tail = (
-            await conn.execute(select(events.c.position, events.c.hash).order_by(events.c.position.desc()).limit(1))
-        ).first()
-        last = (int(tail.position), str(tail.hash)) if tail is not None else (0, GENESIS_HASH)
-        out_of_step = await head_problem(conn, *last)
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
+        with as_ledger_errors(database):
+            tail = (
+                await conn.execute(select(events.c.position, events.c.hash).order_by(events.c.position.desc()).limit(1))
+            ).first()
+            last = (int(tail.position), str(tail.hash)) if tail is not None else (0, GENESIS_HASH)
+            out_of_step = await head_problem(conn, *last)
     finally:
         await conn.close()
     if out_of_step is not None:
