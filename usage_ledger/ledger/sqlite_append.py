@@ -38,11 +38,9 @@ from usage_ledger.ledger.errors import DatabaseUnavailable, LedgerError
 from usage_ledger.ledger.events import NewEvent
 from usage_ledger.ledger.schema import sqlite_time
 
-__all__ = ("SqliteAppender", "SqliteStream", "SqliteWrite")
+__all__ = ("SqliteAppender", "SqliteStream")
 
 T = TypeVar("T")
-SqliteWrite = Callable[[sqlite3.Connection], object]
-"""Statements to run inside a writer transaction on a plain `sqlite3` connection (`SqliteAppender.transaction`)."""
 
 _INSERT_EVENTS = (
     f"INSERT INTO ledger_events ({', '.join(EVENT_COLUMNS)}) VALUES ({', '.join('?' * len(EVENT_COLUMNS))})"
