@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import signal
 import subprocess
@@ -12,7 +11,8 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from urllib.parse import urlsplit
+
+import httpx
 
 from tests.ledger.helpers import build_ledger
 from usage_ledger.processes import free_port
@@ -35,8 +35,11 @@ class Process:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.args} exited {self.proc.returncode}:\n{self.log_path.read_text()}")
-            if _healthy(self.health_url):
-                return self
+            try:
+                if httpx.get(self.health_url, timeout=1).status_code in (200, 503):  # up; 503: degraded, says why
+                    return self
+            except httpx.TransportError:
+                pass
             time.sleep(0.05)
         self.kill()  # never left running behind a failed start
         self.log.close()
@@ -50,21 +53,6 @@ class Process:
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
         self.log.close()
-
-
-def _healthy(url: str) -> bool:
-    """The server answers `url` 200, or 503 (degraded: it says why). Polled with a connection closed here, whatever
-    happened: vLLM accepts connections before it answers, and a timed-out httpx poll left its socket to the GC,
-    which reported it unclosed inside whichever test ran then (a vLLM starting beside the tests, tests/realvllm)."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=1)
-    try:
-        conn.request("GET", parts.path or "/")
-        return conn.getresponse().status in (200, 503)
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
 
 
 def emulator(tmp: Path, *extra: str, speed: float = 20) -> Process:
