@@ -75,11 +75,17 @@ _templates: dict[str, str] = {}
 
 
 def _migrated_template(admin_url: str) -> str:
-    """A PostgreSQL database migrated to head, named after the migrations' text: a new migration makes a new
-    one (older ones are dropped). Made once, by whichever xdist worker comes first."""
+    """A PostgreSQL database migrated to head, named after the text of the migrations and the schema modules they
+    import: a change there makes a new one (older ones are dropped). Made once, by whichever xdist worker comes
+    first."""
     if admin_url not in _templates:
-        versions = Path(__file__).resolve().parent.parent / "usage_ledger" / "migrations" / "versions"
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(versions.glob("*.py")))).hexdigest()[:12]
+        package = Path(__file__).resolve().parent.parent / "usage_ledger"
+        sources = [
+            *sorted(package.glob("migrations/**/*.py")),
+            package / "ledger/schema.py",
+            package / "projections/tables.py",
+        ]
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
         _templates[admin_url] = f"ledger_template_{digest}"
         asyncio.run(_make_template(admin_url, _templates[admin_url]))
     return _templates[admin_url]
