@@ -64,6 +64,7 @@ EXPORTED = {
         "VERSION",
         "append_events",
         "appending",
+        "as_ledger_errors",
         "backend_of",
         "blob_erasures",
         "blob_hash",

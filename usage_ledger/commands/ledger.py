@@ -17,7 +17,6 @@ from usage_ledger.commands.support import (
     add_db_option,
     async_command,
     checked_database,
-    database_errors,
     settings_from_args,
 )
 
@@ -122,6 +121,7 @@ async def _verify(args: argparse.Namespace) -> int:
     from usage_ledger.ledger import (
         CLOCK_SKEW,
         ConfigError,
+        as_ledger_errors,
         load_verifier_key,
         read_checkpoint_notes,
         verify_ledger,
@@ -138,7 +138,7 @@ async def _verify(args: argparse.Namespace) -> int:
     verifier = load_verifier_key(Path(args.pubkey)) if args.pubkey else None
     notes = read_checkpoint_notes([Path(p) for p in args.checkpoint])
     async with checked_database(settings) as database:
-        with database_errors(database):
+        with as_ledger_errors(database):
             report = await verify_ledger(
                 database,
                 expect_head=anchor,
@@ -216,12 +216,19 @@ async def _keygen(args: argparse.Namespace) -> int:
 
 @async_command
 async def _checkpoint(args: argparse.Namespace) -> int:
-    from usage_ledger.ledger import chain_head, load_signing_key, sign_checkpoint, snapshot, write_checkpoint_file
+    from usage_ledger.ledger import (
+        as_ledger_errors,
+        chain_head,
+        load_signing_key,
+        sign_checkpoint,
+        snapshot,
+        write_checkpoint_file,
+    )
 
     settings = settings_from_args(args, "checkpoint_origin")
     key = load_signing_key(Path(args.key))
     async with checked_database(settings) as database:
-        with database_errors(database):
+        with as_ledger_errors(database):
             conn = await snapshot(database)
             try:
                 report, checkpoint = await chain_head(conn, settings.storage.checkpoint_origin)
@@ -286,6 +293,7 @@ async def _redact(args: argparse.Namespace) -> int:
         BlobRedacted,
         ConfigError,
         append_events,
+        as_ledger_errors,
         blob_redacted_at,
         blob_stream,
         new_event,
@@ -315,7 +323,7 @@ async def _redact(args: argparse.Namespace) -> int:
     if not args.reason.strip():
         raise ConfigError("--reason must say why the body is erased")
     async with checked_database(settings) as database:
-        with database_errors(database):
+        with as_ledger_errors(database):
             try:
                 async with database.engine.connect() as conn:
                     redacted_at = await blob_redacted_at(conn, digest)

@@ -13,7 +13,7 @@ import functools
 import importlib
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,6 @@ __all__ = (
     "add_run_gap_option",
     "async_command",
     "checked_database",
-    "database_errors",
     "handler",
     "logged_settings",
     "run_command",
@@ -151,19 +150,6 @@ async def checked_database(settings: Settings) -> AsyncIterator[Database]:
         yield database
     finally:
         await database.dispose()
-
-
-@contextlib.contextmanager
-def database_errors(database: Database) -> Iterator[None]:
-    """Driver and network failures inside as the ledger's errors (exit 2 with a message, not a traceback)."""
-    from usage_ledger.ledger import LedgerError, translate_db_error
-
-    try:
-        yield
-    except LedgerError:
-        raise
-    except Exception as exc:
-        raise translate_db_error(exc, database) from exc
 
 
 def _default_ledger_hint() -> str:

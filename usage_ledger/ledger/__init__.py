@@ -5,7 +5,14 @@ Imports nothing of gateway/ or projections/; they import it.
 
 from __future__ import annotations
 
-from usage_ledger.ledger.append import AppendResult, AppendStream, append_events, appending, translate_db_error
+from usage_ledger.ledger.append import (
+    AppendResult,
+    AppendStream,
+    append_events,
+    appending,
+    as_ledger_errors,
+    translate_db_error,
+)
 from usage_ledger.ledger.backend import Checkpoint
 from usage_ledger.ledger.blobs import (
     Erasure,
@@ -138,6 +145,7 @@ __all__ = (
     "UsageSource",
     "append_events",
     "appending",
+    "as_ledger_errors",
     "backend_of",
     "blob_erasures",
     "blob_hash",

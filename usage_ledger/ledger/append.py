@@ -95,9 +95,11 @@ async def appending(database: Database) -> AsyncIterator[AppendStream]:
 
 @contextlib.contextmanager
 def as_ledger_errors(database: Database) -> Iterator[None]:
-    """Failures raised inside, as `translate_db_error` maps them."""
+    """Failures raised inside as the ledger's errors (`translate_db_error`); the ledger's own pass as they are."""
     try:
         yield
+    except LedgerError:
+        raise
     except Exception as exc:
         raise translate_db_error(exc, database) from exc
 
